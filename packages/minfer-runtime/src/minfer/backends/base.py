@@ -1,0 +1,56 @@
+"""What a backend provides to the scheduler.
+
+A backend owns three kinds of memory: the weight store (every model tensor,
+uploaded once at load), the state (the persistent per-layer K/V cache), and
+per-graph scratch laid out by the liveness allocator. `compile` binds one graph
+to that memory; the result runs the graph as many times as the engine asks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import numpy as np
+
+from minfer.gguf_file import GGUFFile
+from minfer.graph.alloc import BufferPlan
+from minfer.graph.ir import Graph, Op, Tensor
+
+# Called as progress(done_bytes, total_bytes) while weights load.
+ProgressCallback = Callable[[int, int], None]
+
+
+class CompiledGraph(ABC):
+    """One graph bound to a backend's buffers, ready to run."""
+
+    @abstractmethod
+    def run(self, inputs: dict[str, np.ndarray]) -> None:
+        """Execute every node; `inputs` maps the graph's input names to int32 arrays."""
+
+    @abstractmethod
+    def read(self, tensor: Tensor) -> np.ndarray:
+        """A host copy of an output tensor (float32)."""
+
+    def argmax(self, tensor: Tensor) -> int:
+        """Index of the largest value of a one-row output (greedy decoding)."""
+        return int(np.argmax(self.read(tensor)[0]))
+
+
+class Backend(ABC):
+    name: str
+    device_name: str
+
+    @abstractmethod
+    def supports(self, op: Op) -> bool: ...
+
+    @abstractmethod
+    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
+        """Make every named tensor of `gguf` available to the kernels."""
+
+    @abstractmethod
+    def allocate_states(self, states: list[Tensor]) -> None:
+        """Create the persistent state tensors (K/V cache) once; later calls with the same tensors are no-ops."""
+
+    @abstractmethod
+    def compile(self, graph: Graph, plan: BufferPlan) -> CompiledGraph: ...

@@ -1,0 +1,199 @@
+"""The numpy reference backend: every op written as plainly as numpy allows.
+
+This backend is the quality model: the CUDA kernels are tested against it, and
+it is tested against an implementation no one here wrote (HF transformers).
+Weights are dequantized to float32 once at load; activations live in the
+buffers the liveness allocator planned, and in-place ops honour the alias rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from minfer.backends.base import Backend, CompiledGraph, ProgressCallback
+from minfer.gguf_file import GGUFFile
+from minfer.graph.alloc import BufferPlan
+from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.quants import dequantize
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    mean_square = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    np.multiply(x, 1.0 / np.sqrt(mean_square + eps), out=out)
+    out *= weight
+
+
+def rope_inplace(
+    x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, rope_dim: int, theta: float, neox: bool
+) -> None:
+    """Rotate the first `rope_dim` values of every head by angle position * theta^(-2i/rope_dim).
+
+    The llama layout pairs adjacent values (2i, 2i+1); NeoX pairs i with i + rope_dim/2.
+    """
+    heads = x.reshape(x.shape[0], n_heads, head_dim)
+    half = rope_dim // 2
+    inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    cos = np.cos(angles).astype(np.float32)[:, None, :]
+    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    if neox:
+        first, second = heads[..., :half], heads[..., half:rope_dim]
+    else:
+        first, second = heads[..., 0:rope_dim:2], heads[..., 1:rope_dim:2]
+    a, b = first.copy(), second.copy()
+    first[...] = a * cos - b * sin
+    second[...] = a * sin + b * cos
+
+
+def attention(
+    q: np.ndarray,
+    cache_k: np.ndarray,
+    cache_v: np.ndarray,
+    positions: np.ndarray,
+    kv_len: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    out: np.ndarray,
+) -> None:
+    """Grouped-query attention over cache rows [0, kv_len); query t sees keys at positions <= positions[t]."""
+    n = q.shape[0]
+    group = n_heads // n_kv_heads
+    queries = q.reshape(n, n_kv_heads, group, head_dim)
+    keys = cache_k[:kv_len].reshape(kv_len, n_kv_heads, head_dim)
+    values = cache_v[:kv_len].reshape(kv_len, n_kv_heads, head_dim)
+    scores = np.einsum("nkgd,tkd->kgnt", queries, keys) / np.float32(np.sqrt(head_dim))
+    future = np.arange(kv_len)[None, :] > positions[:, None]  # [n, kv_len]
+    scores[..., future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out.reshape(n, n_kv_heads, group, head_dim)[...] = np.einsum("kgnt,tkd->nkgd", scores, values)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class CpuCompiledGraph(CompiledGraph):
+    def __init__(self, backend: CpuBackend, graph: Graph, plan: BufferPlan) -> None:
+        self.backend = backend
+        self.graph = graph
+        self.plan = plan
+        self.slots = [np.empty(nbytes, dtype=np.uint8) for nbytes in plan.slot_nbytes]
+        self.inputs: dict[str, np.ndarray] = {}
+
+    def array(self, tensor: Tensor) -> np.ndarray:
+        if tensor.kind is TensorKind.ACTIVATION:
+            slot = self.slots[self.plan.slot_of[tensor.name]]
+            return slot[: tensor.nbytes].view(tensor.dtype).reshape(tensor.shape)
+        if tensor.kind is TensorKind.WEIGHT:
+            return self.backend.weights[tensor.name]
+        if tensor.kind is TensorKind.STATE:
+            return self.backend.states[tensor.name]
+        return self.inputs[tensor.name]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> None:
+        for name, tensor in self.graph.inputs.items():
+            value = np.asarray(inputs[name], dtype=np.int32)
+            if value.shape != tensor.shape:
+                raise ValueError(f"cpu: input '{name}' has shape {value.shape}, the graph expects {tensor.shape}")
+            self.inputs[name] = value
+        for node in self.graph.nodes:
+            self.execute(node)
+
+    def execute(self, node: Node) -> None:
+        ins = [self.array(t) for t in node.inputs]
+        out = self.array(node.output) if node.output is not None else None
+        if node.inplace_input is not None and node.name not in self.plan.aliased:
+            # Alias rule: the allocator gave the output its own buffer, so stage the input there first.
+            np.copyto(out, ins[node.inplace_input])
+        OPS[node.op](self, node, ins, out)
+
+    def read(self, tensor: Tensor) -> np.ndarray:
+        return np.array(self.array(tensor), dtype=np.float32)
+
+    # One method per op; `out` already holds the in-place operand where the op has one.
+    def embed(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        table, tokens = ins
+        np.take(table, tokens, axis=0, out=out)
+
+    def rms_norm(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        rms_norm(ins[0], ins[1], node.params["eps"], out)
+
+    def matmul(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        np.matmul(ins[0], ins[1].T, out=out)
+
+    def add_bias(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out += ins[1]
+
+    def rope(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        p = node.params
+        rope_inplace(out, ins[1], p["n_heads"], p["head_dim"], p["rope_dim"], p["theta"], p["neox"])
+
+    def kv_store(self, node: Node, ins: list[np.ndarray], out: None) -> None:
+        k, v, positions = ins
+        cache_k, cache_v = (self.array(t) for t in node.writes)
+        cache_k[positions] = k
+        cache_v[positions] = v
+
+    def attention(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        q, cache_k, cache_v, positions, kv_len = ins
+        p = node.params
+        attention(q, cache_k, cache_v, positions, int(kv_len[0]), p["n_heads"], p["n_kv_heads"], p["head_dim"], out)
+
+    def add(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out += ins[1 - node.inplace_input]
+
+    def swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out[...] = silu(out) * ins[1]
+
+    def last_row(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out[...] = ins[0][-1:]
+
+
+OPS: dict[Op, Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | None], None]] = {
+    Op.EMBED: CpuCompiledGraph.embed,
+    Op.RMS_NORM: CpuCompiledGraph.rms_norm,
+    Op.MATMUL: CpuCompiledGraph.matmul,
+    Op.ADD_BIAS: CpuCompiledGraph.add_bias,
+    Op.ROPE: CpuCompiledGraph.rope,
+    Op.KV_STORE: CpuCompiledGraph.kv_store,
+    Op.ATTENTION: CpuCompiledGraph.attention,
+    Op.ADD: CpuCompiledGraph.add,
+    Op.SWIGLU: CpuCompiledGraph.swiglu,
+    Op.LAST_ROW: CpuCompiledGraph.last_row,
+}
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    device_name = "CPU (numpy)"
+
+    def __init__(self) -> None:
+        self.weights: dict[str, np.ndarray] = {}
+        self.states: dict[str, np.ndarray] = {}
+
+    def supports(self, op: Op) -> bool:
+        return op in OPS
+
+    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
+        total = sum(gguf.tensor(n).nbytes for n in names)
+        done = 0
+        for name in names:
+            tensor = gguf.tensor(name)
+            self.weights[name] = dequantize(tensor)
+            done += tensor.nbytes
+            if progress is not None:
+                progress(done, total)
+
+    def allocate_states(self, states: list[Tensor]) -> None:
+        for tensor in states:
+            current = self.states.get(tensor.name)
+            if current is None or current.shape != tensor.shape:
+                self.states[tensor.name] = np.zeros(tensor.shape, dtype=tensor.dtype)
+
+    def compile(self, graph: Graph, plan: BufferPlan) -> CpuCompiledGraph:
+        return CpuCompiledGraph(self, graph, plan)

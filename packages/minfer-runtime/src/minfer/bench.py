@@ -1,0 +1,127 @@
+"""llama-bench-style measurements: pp (prompt tokens/s) and tg (generated tokens/s).
+
+Each test runs once to warm up, then `repetitions` times from an empty KV cache;
+the result is the mean ± sample standard deviation of tokens per second. Token
+ids are random (seeded) — the speed of a forward pass does not depend on them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from minfer.engine import Engine
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    model: str
+    size_bytes: int
+    n_parameters: int
+    backend: str
+    test: str  # "pp512", "tg128"
+    n_tokens: int
+    tokens_per_second: list[float]
+    weight_bytes_per_token: int  # bytes of weights one decode step reads (tg only)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.tokens_per_second)
+
+    @property
+    def stddev(self) -> float:
+        return statistics.stdev(self.tokens_per_second) if len(self.tokens_per_second) > 1 else 0.0
+
+    @property
+    def weight_gb_per_second(self) -> float | None:
+        """Achieved weight traffic for decode tests: weight bytes per token x tokens per second."""
+        if not self.test.startswith("tg"):
+            return None
+        return self.weight_bytes_per_token * self.mean / 1e9
+
+
+def time_prompt(engine: Engine, tokens: list[int]) -> float:
+    engine.reset()
+    started = time.perf_counter()
+    program, _ = engine.prefill(tokens)
+    program.argmax("logits")  # reading a result waits for the device to finish
+    return time.perf_counter() - started
+
+
+def time_generation(engine: Engine, first_token: int, n_tokens: int) -> float:
+    engine.reset()
+    started = time.perf_counter()
+    token = first_token
+    for position in range(n_tokens):
+        token = engine.forward([token], position).argmax("logits")
+    return time.perf_counter() - started
+
+
+def run_test(measure: Callable[[], float], n_tokens: int, repetitions: int) -> list[float]:
+    measure()  # warm-up: first-use costs (graph build, buffer allocation) stay out of the numbers
+    return [n_tokens / measure() for _ in range(repetitions)]
+
+
+def bench(
+    engine: Engine,
+    *,
+    prompt_sizes: list[int],
+    gen_sizes: list[int],
+    repetitions: int = 5,
+    seed: int = 0,
+) -> list[BenchResult]:
+    info = engine.info
+    rng = np.random.default_rng(seed)
+    vocab = engine.tokenizer.vocab_size
+    weight_bytes = sum(engine.gguf.tensor(name).nbytes for name in engine.config.expected_tensors())
+    results = []
+
+    def record(test: str, n: int, speeds: list[float]) -> None:
+        results.append(
+            BenchResult(info.name, info.file_size, info.n_parameters, info.backend, test, n, speeds, weight_bytes)
+        )
+
+    for n in prompt_sizes:
+        tokens = [int(t) for t in rng.integers(0, vocab, size=n)]
+        record(f"pp{n}", n, run_test(lambda tokens=tokens: time_prompt(engine, tokens), n, repetitions))
+    for n in gen_sizes:
+        first = int(rng.integers(0, vocab))
+        record(f"tg{n}", n, run_test(lambda n=n, first=first: time_generation(engine, first, n), n, repetitions))
+    engine.reset()
+    return results
+
+
+def format_size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def format_params(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n < 1e9 else f"{n / 1e9:.2f} B"
+
+
+def to_markdown(results: list[BenchResult]) -> str:
+    lines = [
+        "| model | size | params | backend | test | t/s | weights GB/s |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        gbps = r.weight_gb_per_second
+        lines.append(
+            f"| {r.model} | {format_size(r.size_bytes)} | {format_params(r.n_parameters)} | {r.backend} | "
+            f"{r.test} | {r.mean:.2f} ± {r.stddev:.2f} | {'' if gbps is None else f'{gbps:.1f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def to_json(results: list[BenchResult]) -> str:
+    records = []
+    for r in results:
+        record = asdict(r)
+        record |= {"avg_ts": r.mean, "stddev_ts": r.stddev, "weight_gb_per_second": r.weight_gb_per_second}
+        records.append(record)
+    return json.dumps(records, indent=2)

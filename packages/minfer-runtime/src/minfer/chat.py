@@ -1,0 +1,142 @@
+"""A multi-turn chat on top of the engine, keeping the KV cache between turns.
+
+The session remembers the exact tokens the cache holds for the conversation so
+far. A new turn renders the whole conversation with the chat template; when the
+render extends the previous one (true of ChatML and every template that renders
+past messages the same way each time), only the new text is tokenized and
+prefilled. Otherwise the whole conversation is tokenized again and the engine's
+prefix match still reuses every cached token it can.
+
+Context policy: when the conversation plus the reply budget (`max_tokens`) no
+longer fits the context, the oldest user/assistant turns are dropped (the system
+prompt stays) and the rest is prefilled again. `dropped_turns` says how many.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minfer.errors import ContextOverflowError, MinferError
+from minfer.generation import Generation
+from minfer.sampler import SamplingParams
+
+if TYPE_CHECKING:
+    from minfer.engine import Engine, Message
+
+
+class ChatSession:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        system: str | None = None,
+        sampling: SamplingParams | None = None,
+        max_tokens: int = 512,
+    ) -> None:
+        self.engine = engine
+        self.sampling = sampling or SamplingParams()
+        self.max_tokens = max_tokens
+        self.system = system
+        self.turns: list[Message] = []  # user and assistant messages, alternating
+        self.last: Generation | None = None  # the latest reply's tokens, text and stats
+        self.dropped_turns = 0  # turns dropped by the context policy on the latest send
+        self._tokens: list[int] = []  # the conversation so far as the tokens given to the model
+        self._rendered = ""  # ... and as text
+
+    @property
+    def messages(self) -> list[Message]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, *self.turns]
+
+    @property
+    def context_used(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def ctx_size(self) -> int:
+        return self.engine.ctx_size
+
+    def clear(self) -> None:
+        """Start a new conversation (the system prompt stays)."""
+        self.turns = []
+        self.last = None
+        self._tokens, self._rendered = [], ""
+
+    def send(self, text: str) -> Iterator[str]:
+        """Add a user message and stream the assistant's reply."""
+        if not text.strip():
+            raise MinferError("empty message: nothing to send")
+        self.turns.append({"role": "user", "content": text})
+        try:
+            prompt, rendered = self._prompt_tokens()
+        except MinferError:
+            self.turns.pop()
+            raise
+        yield from self._reply(prompt, rendered)
+
+    def regenerate(self) -> Iterator[str]:
+        """Replace the last reply with a new one."""
+        if not self.turns or self.turns[-1]["role"] != "assistant":
+            raise MinferError("nothing to regenerate: there is no reply yet")
+        self.turns.pop()
+        user = self.turns.pop()
+        self._tokens, self._rendered = [], ""
+        return self.send(user["content"])
+
+    def _prompt_tokens(self) -> tuple[list[int], str]:
+        """Tokens for the conversation with a generation prompt, dropping old turns when it does not fit."""
+        self.dropped_turns = 0
+        while True:
+            rendered = self.engine.template.render(self.messages, add_generation_prompt=True)
+            if self._rendered and rendered.startswith(self._rendered):
+                tokens = [
+                    *self._tokens,
+                    *self.engine.tokenizer.encode(rendered[len(self._rendered) :], add_bos=False),
+                ]
+            else:
+                tokens = self.engine.tokenizer.encode(rendered)
+            if len(tokens) + self.max_tokens <= self.ctx_size:
+                return tokens, rendered
+            if len(self.turns) <= 1:
+                raise ContextOverflowError(
+                    f"the message ({len(tokens)} tokens with the template) plus the reply budget "
+                    f"({self.max_tokens} tokens) does not fit the context size {self.ctx_size}"
+                )
+            self.turns = self.turns[2:]  # the oldest user message and its reply
+            self.dropped_turns += 1
+            self._tokens, self._rendered = [], ""
+
+    def _reply(self, prompt: list[int], rendered: str) -> Iterator[str]:
+        result = Generation()
+        self.last = result
+        try:
+            yield from self.engine.stream(prompt, max_tokens=self.max_tokens, sampling=self.sampling, result=result)
+        finally:
+            # Keep whatever was generated, also when the reply was cancelled part-way.
+            self.turns.append({"role": "assistant", "content": result.text})
+            tokenizer = self.engine.tokenizer
+            exact = tokenizer.decode(result.tokens) == result.text
+            reply_tokens = result.tokens if exact else tokenizer.encode(result.text, add_bos=False)
+            self._tokens = [*prompt, *reply_tokens]
+            self._rendered = rendered + result.text
+
+    def to_markdown(self) -> str:
+        parts = [f"## {m['role'].capitalize()}\n\n{m['content']}\n" for m in self.messages]
+        return "\n".join(parts)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"messages": self.messages, "sampling": asdict(self.sampling), "max_tokens": self.max_tokens},
+            indent=2,
+            ensure_ascii=False,
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Write the conversation as JSON (`.json`) or Markdown (anything else)."""
+        path = Path(path)
+        path.write_text(self.to_json() if path.suffix == ".json" else self.to_markdown(), encoding="utf-8")
+        return path

@@ -1,0 +1,268 @@
+"""The engine: load a model, prefill a prompt, decode token by token, stream text.
+
+One engine holds one sequence's KV cache. It remembers which tokens the cache
+holds, so a request whose tokens start with the cached ones (the next turn of a
+chat) prefills only what is new. Graphs are built per token count and reused:
+one decode graph serves every step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minfer.backends import create_backend
+from minfer.backends.base import ProgressCallback
+from minfer.chat import ChatSession
+from minfer.chat_template import ChatTemplate
+from minfer.errors import ContextOverflowError, MinferError
+from minfer.generation import Generation, GenerationStats, StopMatcher
+from minfer.gguf_file import GGUFFile
+from minfer.graph.scheduler import Program, schedule
+from minfer.model_store import resolve_model
+from minfer.models import build_graph
+from minfer.models.config import ModelConfig
+from minfer.sampler import Sampler, SamplingParams
+from minfer.tokenizer import Tokenizer
+
+DEFAULT_CTX_SIZE = 4096
+PREFILL_CHUNK = 512  # longest prompt piece run as one graph (llama.cpp's default batch)
+GRAPH_CACHE_SIZE = 4  # compiled graphs kept per engine: decode, and a few prompt lengths
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: Path
+    file_size: int
+    architecture: str
+    n_parameters: int
+    quant_mix: dict[str, int]
+    context_length: int
+    ctx_size: int
+    backend: str
+    device: str
+    config: ModelConfig
+
+
+class Engine:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        backend: str = "auto",
+        ctx_size: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.gguf = GGUFFile(resolve_model(model))
+        self.config = ModelConfig.from_gguf(self.gguf)
+        self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        self.template = ChatTemplate.from_gguf(self.gguf, self.tokenizer)
+        if self.tokenizer.vocab_size > self.config.vocab_size:
+            raise MinferError(
+                f"{self.gguf.path}: tokenizer has {self.tokenizer.vocab_size} tokens but token_embd.weight "
+                f"has only {self.config.vocab_size} rows"
+            )
+        self.ctx_size = ctx_size or min(self.config.context_length, DEFAULT_CTX_SIZE)
+        if not 1 <= self.ctx_size <= self.config.context_length:
+            raise MinferError(
+                f"context size {self.ctx_size} is outside 1..{self.config.context_length} (the model's trained context)"
+            )
+        self.backend = create_backend(backend)
+        self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress)
+        self.kv_tokens: list[int] = []  # the tokens whose K/V rows the cache holds, at positions 0..n-1
+        self._programs: OrderedDict[int, Program] = OrderedDict()
+        self.last_stats = GenerationStats()
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.gguf.name,
+            path=self.gguf.path,
+            file_size=self.gguf.file_size,
+            architecture=self.config.architecture,
+            n_parameters=self.gguf.n_parameters(),
+            quant_mix=self.gguf.quant_mix(),
+            context_length=self.config.context_length,
+            ctx_size=self.ctx_size,
+            backend=self.backend.name,
+            device=self.backend.device_name,
+            config=self.config,
+        )
+
+    # -- forward passes ---------------------------------------------------------------------------
+
+    def program(self, n_tokens: int) -> Program:
+        """The compiled graph for `n_tokens` new tokens, built once and kept while it is in use."""
+        if n_tokens in self._programs:
+            self._programs.move_to_end(n_tokens)
+            return self._programs[n_tokens]
+        program = schedule(build_graph(self.config, n_tokens, self.ctx_size), self.backend)
+        self._programs[n_tokens] = program
+        if len(self._programs) > GRAPH_CACHE_SIZE:
+            self._programs.popitem(last=False)
+        return program
+
+    def forward(self, tokens: Sequence[int], start: int) -> Program:
+        """Run `tokens` at positions start.. (their K/V land in the cache); the program holds the logits."""
+        n = len(tokens)
+        if start + n > self.ctx_size:
+            raise ContextOverflowError(f"positions {start}..{start + n - 1} exceed the context size {self.ctx_size}")
+        ids = np.asarray(tokens, dtype=np.int32)
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise MinferError(f"token id {int(ids.max())} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        program = self.program(n)
+        program.run(
+            {
+                "tokens": ids,
+                "positions": np.arange(start, start + n, dtype=np.int32),
+                "kv_len": np.array([start + n], dtype=np.int32),
+            }
+        )
+        self.kv_tokens = [*self.kv_tokens[:start], *tokens]
+        return program
+
+    def prefill(self, tokens: Sequence[int]) -> tuple[Program, int]:
+        """Bring the cache to hold exactly `tokens`, running only what is not cached already.
+
+        Returns the program holding the last token's logits and how many tokens ran.
+        """
+        if not tokens:
+            raise MinferError("empty prompt: nothing to generate from")
+        cached = common_prefix_length(self.kv_tokens, tokens)
+        start = min(cached, len(tokens) - 1)  # the last token always runs: its logits pick the next one
+        self.kv_tokens = self.kv_tokens[:start]
+        program = None
+        for chunk_start in range(start, len(tokens), PREFILL_CHUNK):
+            program = self.forward(tokens[chunk_start : chunk_start + PREFILL_CHUNK], chunk_start)
+        assert program is not None
+        return program, len(tokens) - start
+
+    def reset(self) -> None:
+        """Forget the cached sequence (the cache rows are simply overwritten later)."""
+        self.kv_tokens = []
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def encode_prompt(
+        self, prompt: str | list[Message], *, system: str | None = None, template: bool = True
+    ) -> list[int]:
+        """Token ids for a prompt: a string or a list of chat messages, through the chat template unless disabled."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise MinferError("empty prompt: nothing to generate from")
+            if not template:
+                return self.tokenizer.encode(prompt)
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            messages = list(prompt)
+            if not template:
+                raise MinferError("a list of chat messages needs the chat template (template=False given)")
+        if system is not None:
+            messages = [{"role": "system", "content": system}, *messages]
+        return self.tokenizer.encode(self.template.render(messages, add_generation_prompt=True))
+
+    def check_fits(self, n_prompt: int, max_tokens: int) -> None:
+        if n_prompt + max_tokens > self.ctx_size:
+            raise ContextOverflowError(
+                f"prompt ({n_prompt} tokens) + max tokens ({max_tokens}) = {n_prompt + max_tokens} exceeds the "
+                f"context size {self.ctx_size}: shorten the prompt, lower --max-tokens or raise --ctx-size"
+            )
+
+    def generate(
+        self,
+        prompt: str | list[Message],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        system: str | None = None,
+        template: bool = True,
+    ) -> Iterator[str]:
+        """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends."""
+        tokens = self.encode_prompt(prompt, system=system, template=template)
+        yield from self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+
+    def stream(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        result: Generation | None = None,
+    ) -> Iterator[str]:
+        """Generate after `prompt_tokens`, yielding text; `result` (if given) collects tokens, text and stats."""
+        if max_tokens < 1:
+            raise MinferError(f"max tokens must be at least 1, got {max_tokens}")
+        self.check_fits(len(prompt_tokens), max_tokens)
+        result = result if result is not None else Generation()
+        stats = result.stats
+        self.last_stats = stats
+        sampler = Sampler(sampling or SamplingParams())
+        decoder = self.tokenizer.stream_decoder()
+        stops = StopMatcher(stop)
+        stats.stop_reason = "cancelled"  # until the loop finishes on its own
+        try:
+            started = time.perf_counter()
+            program, stats.prompt_tokens = self.prefill(prompt_tokens)
+            token = self.pick(program, sampler, [*prompt_tokens])
+            stats.prompt_seconds = time.perf_counter() - started
+            started = time.perf_counter()
+            history = [*prompt_tokens]
+            while True:
+                if token in self.tokenizer.stop_ids:
+                    stats.stop_reason = "eos"
+                    break
+                result.tokens.append(token)
+                history.append(token)
+                stats.generated_tokens += 1
+                text, stopped = stops.feed(decoder.feed(token))
+                if text:
+                    result.text += text
+                    yield text
+                if stopped:
+                    stats.stop_reason = "stop"
+                    break
+                if stats.generated_tokens >= max_tokens:
+                    stats.stop_reason = "length"
+                    break
+                program = self.forward([token], len(history) - 1)
+                token = self.pick(program, sampler, history)
+            if stats.stop_reason != "stop":
+                tail, _ = stops.feed(decoder.flush(), final=True)
+                if tail:
+                    result.text += tail
+                    yield tail
+        finally:
+            stats.generation_seconds = time.perf_counter() - started
+
+    def pick(self, program: Program, sampler: Sampler, history: list[int]) -> int:
+        """The next token: argmax on the backend when sampling is greedy, else the sampler over the logits."""
+        if not sampler.needs_logits:
+            return program.argmax("logits")
+        return sampler.sample(program.read("logits")[0], history)
+
+    def chat(
+        self,
+        *,
+        system: str | None = None,
+        sampling: SamplingParams | None = None,
+        max_tokens: int = 512,
+    ) -> ChatSession:
+        return ChatSession(self, system=system, sampling=sampling, max_tokens=max_tokens)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,58 @@
+"""What one generation request produces: its tokens, its text, its stats; and stop-string matching."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0  # tokens actually prefilled (cached ones are not counted)
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    stop_reason: str = ""  # "eos", "stop", "length" or "cancelled"
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generation_tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+
+@dataclass
+class Generation:
+    """Tokens produced by one request, and how it ended."""
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class StopMatcher:
+    """Cuts the streamed text at the first stop string, holding back text that may be the start of one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str, *, final: bool = False) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was reached)."""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        if final:
+            out, self.pending = self.pending, ""
+            return out, False
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False

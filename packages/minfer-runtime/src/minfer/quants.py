@@ -1,0 +1,58 @@
+"""Quantization formats: the block table and CPU dequantization.
+
+A quantized row of `n` values is `n / block_size` blocks of `type_size` bytes
+(Q4_0: 32 values in 18 bytes — an f16 scale and 16 bytes of 4-bit codes). The
+arithmetic lives in `gguf.quants`, the reference implementation shared with
+llama.cpp's converters; this module only adapts it to minfer's tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from minfer.gguf_file import TensorInfo
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """How one quantization type packs values: `block_size` values in `type_size` bytes."""
+
+    qtype: GGMLQuantizationType
+    block_size: int
+    type_size: int
+
+    @property
+    def bits_per_value(self) -> float:
+        return 8.0 * self.type_size / self.block_size
+
+    def row_bytes(self, n_values: int) -> int:
+        if n_values % self.block_size:
+            raise ValueError(f"{self.qtype.name} rows need a multiple of {self.block_size} values, got {n_values}")
+        return n_values // self.block_size * self.type_size
+
+
+def block_format(qtype: GGMLQuantizationType) -> BlockFormat:
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    return BlockFormat(qtype, block_size, type_size)
+
+
+def dequantize(tensor: TensorInfo) -> np.ndarray:
+    """The tensor's values as float32, numpy shape = reversed GGUF shape (rows last-axis contiguous)."""
+    numpy_shape = tuple(reversed(tensor.shape))
+    if tensor.qtype == GGMLQuantizationType.F32:
+        return np.asarray(tensor.data, dtype=np.float32).reshape(numpy_shape)
+    values = gguf_quants.dequantize(tensor.data, tensor.qtype)
+    return np.asarray(values, dtype=np.float32).reshape(numpy_shape)
+
+
+def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Quantize float values (last axis = rows) into GGUF bytes, as the writer stores them."""
+    if qtype == GGMLQuantizationType.F32:
+        return np.ascontiguousarray(values, dtype=np.float32)
+    if qtype == GGMLQuantizationType.F16:
+        return np.ascontiguousarray(values, dtype=np.float16)
+    return gguf_quants.quantize(np.ascontiguousarray(values, dtype=np.float32), qtype)

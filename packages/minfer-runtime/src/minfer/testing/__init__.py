@@ -1,0 +1,1 @@
+"""Helpers that write small, realistic GGUF files for tests: no downloads needed."""

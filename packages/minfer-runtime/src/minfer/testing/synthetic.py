@@ -1,0 +1,144 @@
+"""Synthetic GGUF models: real architectures' shapes (or scaled-down ones) with random weights.
+
+Tests and benchmarks use these instead of downloads. A model is fully determined
+by its spec, weight type and seed: the same call writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from minfer.gguf_file import GGUFFile
+from minfer.models.config import ModelConfig
+from minfer.quants import quantize
+from minfer.testing.vocab import add_tokenizer_metadata
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    architecture: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    vocab_size: int
+    context_length: int = 2048
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    tied_output: bool = True
+    qkv_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def config(self) -> ModelConfig:
+        return ModelConfig(
+            architecture=self.architecture,
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            d_ff=self.d_ff,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            rope_theta=self.rope_theta,
+            rope_dim=self.head_dim,
+            rope_neox=self.architecture == "qwen2",
+            rms_eps=self.rms_eps,
+            tied_output=self.tied_output,
+            qkv_bias=self.qkv_bias,
+        )
+
+
+PRESETS: dict[str, SyntheticSpec] = {
+    # The default model's shapes (SmolLM2-135M).
+    "smollm2-135m": SyntheticSpec("llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000.0, 1e-5),
+    # Qwen2.5-0.5B's shapes: the model llama.cpp's anchors in ANCHORS.md were measured on.
+    "qwen2.5-0.5b": SyntheticSpec("qwen2", 24, 896, 14, 2, 4864, 151936, 32768, 1000000.0, 1e-6, True, True),
+    # Scaled down, same structure: small enough for every test to run in milliseconds.
+    "tiny-llama": SyntheticSpec("llama", 2, 64, 4, 2, 160, 512, 512, 10000.0, 1e-5, tied_output=False),
+    "tiny-qwen2": SyntheticSpec("qwen2", 2, 64, 4, 2, 160, 512, 512, 1000000.0, 1e-6, True, True),
+}
+
+WEIGHT_TYPES = {t.name: t for t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
+                                    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
+                                    GGMLQuantizationType.Q4_1)}  # fmt: skip
+
+
+def random_tensors(spec: SyntheticSpec, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
+    """Float32 weights in numpy order (GGUF shape reversed), drawn N(0, std); norm weights near 1."""
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    for name, gguf_shape in spec.config().expected_tensors().items():
+        shape = tuple(reversed(gguf_shape))
+        if name.endswith("norm.weight"):
+            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        else:
+            tensors[name] = (std * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    return tensors
+
+
+def write_synthetic_model(
+    path: str | os.PathLike[str],
+    spec: SyntheticSpec | str = "tiny-llama",
+    *,
+    weight_type: str = "Q8_0",
+    seed: int = 0,
+    pre: str | None = None,
+) -> Path:
+    """Write a GGUF with random weights: matrices in `weight_type`, norms and biases in F32.
+
+    `pre` picks the tokenizer's pre-tokenizer (default: `qwen2` for qwen2, `smollm` otherwise).
+    """
+    if isinstance(spec, str):
+        spec = PRESETS[spec]
+    qtype = WEIGHT_TYPES[weight_type]
+    path = Path(path)
+    writer = GGUFWriter(str(path), spec.architecture)
+    writer.add_name(f"synthetic-{spec.architecture}-{spec.n_layers}L-{spec.d_model}d-{weight_type}")
+    writer.add_block_count(spec.n_layers)
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.d_model)
+    writer.add_feed_forward_length(spec.d_ff)
+    writer.add_head_count(spec.n_heads)
+    writer.add_head_count_kv(spec.n_kv_heads)
+    writer.add_rope_freq_base(spec.rope_theta)
+    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    writer.add_vocab_size(spec.vocab_size)
+    add_tokenizer_metadata(writer, spec.vocab_size, pre=pre or ("qwen2" if spec.architecture == "qwen2" else "smollm"))
+    for name, values in random_tensors(spec, seed).items():
+        if values.ndim == 1:
+            writer.add_tensor(name, values)
+        else:
+            writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def scaled(spec: SyntheticSpec | str, **changes: object) -> SyntheticSpec:
+    """A preset with some fields changed (fewer layers for a quick test, say)."""
+    base = PRESETS[spec] if isinstance(spec, str) else spec
+    return replace(base, **changes)
+
+
+def weights_digest(gguf: GGUFFile) -> str:
+    """sha256 over every tensor's name, type, shape and bytes: identifies a model's weights, whatever the metadata."""
+    digest = hashlib.sha256()
+    for name in sorted(gguf.tensors):
+        tensor = gguf.tensors[name]
+        digest.update(f"{name}:{tensor.qtype.name}:{list(tensor.shape)}".encode())
+        digest.update(tensor.raw_bytes().tobytes())
+    return digest.hexdigest()

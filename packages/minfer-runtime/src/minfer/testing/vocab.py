@@ -1,0 +1,316 @@
+"""A realistic byte-level BPE tokenizer for synthetic GGUF files.
+
+`add_tokenizer_metadata` writes the `tokenizer.*` keys of a GGUF the way
+llama.cpp's converter does for a GPT-2-style vocabulary: ChatML control
+tokens, the 256 byte-level symbols, merges learned from a small embedded
+English + code corpus, and unused padding tokens up to the requested size.
+
+The merges are learned by a tiny pure-Python BPE trainer whose every tie is
+broken by a fixed rule, so the same call writes the same bytes on every run
+and every platform (tests record hashes of these files).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections import Counter, defaultdict
+from functools import cache
+
+import gguf
+
+from minfer.chat_template import CHATML
+from minfer.tokenizer import BYTE_TO_CHAR
+
+# The three ChatML control tokens, at ids 0, 1, 2 as in SmolLM2's vocabulary.
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+BOS_TOKEN = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
+MIN_VOCAB_SIZE = 512
+MAX_VOCAB_SIZE = 151936
+
+# The corpus the merges are learned from: prose, numbers and a few languages'
+# worth of code, so common words, indentation runs and operators get tokens.
+CORPUS = r'''
+The quick brown fox jumps over the lazy dog. A large language model reads a prompt as a list of
+tokens, computes a probability for every token of its vocabulary, and picks the next one. Then it
+does it again, one token at a time, until it writes an end-of-turn token or reaches the limit.
+Inference on a GPU is mostly about moving weights: at batch size one, every generated token reads
+every weight once, so the time per token is the size of the model divided by the memory bandwidth.
+The tokenizer turns text into numbers and numbers back into text. Byte-level BPE starts from the
+256 possible bytes and learns merges: the most frequent pair of neighbouring symbols becomes a new
+symbol, again and again, until the vocabulary is full. Words like "the", "and", "token" and "model"
+end up as single tokens, while rare words are spelled out from smaller pieces.
+It's a small model, but it's fast. We're testing it; they've seen it work, and I'll check it again.
+You'd think it's simple, but there are many details: spaces, newlines, digits and special tokens.
+In 2024 the model had 135 million parameters, 30 layers, 9 heads and a context of 8192 tokens.
+Prices: $3.50, $12.99 and 1,000,000 units; ratios 3:2 and 16:9; dates 2025-01-31 and 12/05/2023.
+Version 1.2.3 was released on March 4th; version 10.0 followed. Call +1 555 0100 for help.
+
+Questions? Answers! Lists: first, second, third. Quotes "like this" and 'like that'.
+Email me at someone@example.com or visit https://example.com/docs/index.html for more.
+
+Le modèle répond en français: « Bonjour, ça va? » Déjà vu, café, crème brûlée, naïve façade.
+Der schnelle braune Fuchs springt über den faulen Hund. Grüße aus München, Straße, schön.
+El niño comió una manzana. ¿Dónde está la biblioteca? ¡Qué día tan bonito!
+日本語の文章も少しだけ含めます。東京は日本の首都です。中文也有一点：你好，世界。
+Русский текст: привет, мир. Ελληνικά: γεια σου κόσμε.
+
+def softmax(logits: list[float]) -> list[float]:
+    """Return the probabilities of a list of logits."""
+    largest = max(logits)
+    exps = [math.exp(x - largest) for x in logits]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+class Tokenizer:
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+        self.vocab = vocab
+        self.merges = {pair: rank for rank, pair in enumerate(merges)}
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for word in self.split(text):
+            ids.extend(self.vocab[piece] for piece in self.bpe(word))
+        return ids
+
+
+for i in range(10):
+    if i % 2 == 0:
+        print(f"even {i}")
+    elif i == 7:
+        break
+    else:
+        continue
+
+import numpy as np
+
+x = np.zeros((4, 4), dtype=np.float32)
+y = x @ x.T + 1.0
+assert y.shape == (4, 4), "shape mismatch"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static int add(int a, int b) {
+    return a + b;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 0; i < argc; ++i) {
+        printf("%d: %s\n", i, argv[i]);
+    }
+    return add(1, 2) == 3 ? 0 : 1;
+}
+
+__global__ void silu_f32(const float *x, float *y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = x[i] / (1.0f + expf(-x[i]));
+    }
+}
+
+{"name": "minfer", "version": "0.1.0", "tokens": [1, 2, 3], "ok": true, "value": null}
+
+$ pip install --no-deps minfer-runtime
+$ minfer run "Why is the sky blue?" --max-tokens 64 --temp 0.7 --seed 42
+
+# Heading
+
+- a bullet point with `inline code` and **bold** text
+- another point: see [the docs](docs/README.md)
+
+| column | value |
+|--------|-------|
+| alpha  | 0.5   |
+| beta   | 0.25  |
+
+SELECT name, count(*) FROM users WHERE age >= 18 GROUP BY name ORDER BY count(*) DESC;
+
+fn main() {
+    let numbers = vec![1, 2, 3];
+    let total: i32 = numbers.iter().sum();
+    println!("total = {}", total);
+}
+
+package main
+
+import "fmt"
+
+func main() {
+    values := []int{4, 8, 15, 16, 23, 42}
+    for index, value := range values {
+        fmt.Printf("%d -> %d\n", index, value)
+    }
+}
+
+public class Counter {
+    private int count = 0;
+
+    public synchronized void increment() {
+        count++;
+    }
+
+    public int getCount() {
+        return count;
+    }
+}
+
+<!DOCTYPE html>
+<html lang="en">
+  <head><title>Chat</title></head>
+  <body>
+    <div class="message user">Hello there!</div>
+    <div class="message assistant">Hi! What would you like to know?</div>
+  </body>
+</html>
+
+model:
+  name: smollm2-135m
+  context_length: 8192
+  layers: 30
+  heads: 9
+  kv_heads: 3
+
+A cache keeps what was computed so that it need not be computed again. During decoding, the
+attention layers keep the keys and values of every earlier position in the KV cache, so each new
+token only computes its own row. The cache grows with the conversation; when it is full, the
+engine must stop, or drop old positions, or start over. Sampling picks the next token from the
+probabilities: greedy decoding always takes the most likely one, while temperature, top-k, top-p
+and min-p trade accuracy for variety. A fixed seed makes every run repeat the same choices.
+Good tests compare the engine against a reference that someone else wrote, on inputs that are
+not all zeros, and they check the exact token ids, not only that something was produced.
+The weather today is sunny with a light breeze from the west; tomorrow there may be rain.
+She opened the window, looked at the garden and smiled: the roses were finally in bloom.
+Once upon a time, in a small village by the sea, there lived an old fisherman and his cat.
+Every morning they walked to the harbour together, and every evening they came home with fish.
+
+function greet(name) {
+    return `Hello, ${name}!`;
+}
+const result = [1, 2, 3].map((n) => n * 2).filter((n) => n > 2);
+console.log(result);
+'''
+
+# Words for learning merges: a stdlib approximation of GPT-2's split (letters,
+# digits, punctuation runs, whitespace), good enough to shape the merges.
+_WORD_PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+_MAX_LEARNED_MERGES = 20000
+
+
+def add_tokenizer_metadata(
+    writer: gguf.GGUFWriter,
+    vocab_size: int,
+    *,
+    pre: str = "smollm",
+    chat_template: str | None = CHATML,
+    add_bos: bool = False,
+) -> None:
+    """Write a complete byte-level BPE tokenizer of exactly `vocab_size` tokens into `writer`.
+
+    Token ids: 0..2 the ChatML control tokens, then the 256 byte symbols, then
+    one token per learned merge, then `<|extra_N|>` padding marked UNUSED (no
+    merge produces them and llama.cpp never matches UNUSED tokens in text).
+    BOS is `<|im_start|>` and EOS `<|im_end|>`, as in SmolLM2.
+    """
+    if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE}], got {vocab_size}")
+    tokens, token_types, merges = build_vocab(vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges([f"{left} {right}" for left, right in merges])
+    writer.add_bos_token_id(tokens.index(BOS_TOKEN))
+    writer.add_eos_token_id(tokens.index(EOS_TOKEN))
+    writer.add_add_bos_token(add_bos)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
+def build_vocab(vocab_size: int) -> tuple[list[str], list[gguf.TokenType], list[tuple[str, str]]]:
+    """The tokens (exactly `vocab_size`), their types, and the merges in rank order."""
+    tokens = [*SPECIAL_TOKENS, *(BYTE_TO_CHAR[b] for b in range(256))]
+    known = set(tokens)
+    merges: list[tuple[str, str]] = []
+    for left, right in learned_merges():
+        if len(tokens) == vocab_size:
+            break
+        merges.append((left, right))
+        if left + right not in known:
+            known.add(left + right)
+            tokens.append(left + right)
+    n_padding = vocab_size - len(tokens)
+    token_types = (
+        [gguf.TokenType.CONTROL] * len(SPECIAL_TOKENS)
+        + [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIAL_TOKENS))
+        + [gguf.TokenType.UNUSED] * n_padding
+    )
+    tokens.extend(f"<|extra_{i}|>" for i in range(n_padding))
+    return tokens, token_types, merges
+
+
+@cache
+def learned_merges() -> tuple[tuple[str, str], ...]:
+    """BPE merges learned from `CORPUS`, most frequent first, until every word is one token."""
+    word_counts = Counter(
+        tuple(BYTE_TO_CHAR[b] for b in word.encode("utf-8")) for word in _WORD_PATTERN.findall(CORPUS)
+    )
+    return tuple(_train_bpe(word_counts, _MAX_LEARNED_MERGES))
+
+
+def _train_bpe(word_counts: Counter[tuple[str, ...]], max_merges: int) -> list[tuple[str, str]]:
+    """Classic BPE training with incremental pair counts.
+
+    The next merge is the pair with the highest count; ties go to the pair that
+    sorts first, which makes the result independent of dict and set ordering.
+    """
+    words = [list(word) for word in sorted(word_counts)]
+    freqs = [word_counts[tuple(word)] for word in words]
+    pair_counts: Counter[tuple[str, str]] = Counter()
+    pair_words: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+    for index, word in enumerate(words):
+        for pair in zip(word, word[1:], strict=False):
+            pair_counts[pair] += freqs[index]
+            pair_words[pair].add(index)
+    # A max-heap by count (then smallest pair) with lazy deletion: stale entries
+    # are skipped when their count no longer matches.
+    heap = [(-count, pair) for pair, count in pair_counts.items()]
+    heapq.heapify(heap)
+    merges: list[tuple[str, str]] = []
+    while heap and len(merges) < max_merges:
+        negative_count, pair = heapq.heappop(heap)
+        if pair_counts.get(pair, 0) != -negative_count:
+            continue
+        merges.append(pair)
+        changed: set[tuple[str, str]] = set()
+        for index in sorted(pair_words.pop(pair)):
+            word, freq = words[index], freqs[index]
+            for old in zip(word, word[1:], strict=False):
+                pair_counts[old] -= freq
+                changed.add(old)
+            word[:] = _merge_pair(word, pair)
+            for new in zip(word, word[1:], strict=False):
+                pair_counts[new] += freq
+                pair_words[new].add(index)
+                changed.add(new)
+        pair_counts.pop(pair, None)
+        for other in changed:
+            if pair_counts.get(other, 0) > 0:
+                heapq.heappush(heap, (-pair_counts[other], other))
+    return merges
+
+
+def _merge_pair(word: list[str], pair: tuple[str, str]) -> list[str]:
+    """`word` with every non-overlapping occurrence of `pair`, left to right, fused into one symbol."""
+    merged: list[str] = []
+    i = 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            merged.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            merged.append(word[i])
+            i += 1
+    return merged

@@ -1,0 +1,178 @@
+"""Write the logits fixtures the CPU engine is tested against, using HF transformers as the reference.
+
+Run through `nox -s reference` (it installs torch and transformers, which the
+tests themselves never need). For each model, the GGUF's weights are
+dequantized with gguf.quants and loaded into transformers' own Llama / Qwen2
+implementation in float32; for each prompt the fixture records the token ids,
+the last position's logits and the greedy continuation. Tests feed the same ids
+to minfer and compare.
+
+Layout note: llama.cpp's converter permutes the rows of llama's Q and K weights
+so that RoPE rotates adjacent pairs; transformers rotates halves. Loading a
+llama GGUF into transformers therefore undoes that permutation (qwen2 GGUFs use
+NeoX RoPE and are stored unpermuted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from minfer.chat_template import ChatTemplate
+from minfer.gguf_file import GGUFFile
+from minfer.model_store import KNOWN_MODELS, resolve_model
+from minfer.models.config import ModelConfig
+from minfer.quants import dequantize
+from minfer.testing.synthetic import weights_digest, write_synthetic_model
+from minfer.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "packages/minfer-runtime/tests/fixtures"
+CONTINUATION = 32
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a GPU is in one sentence.",
+    "List three prime numbers.",
+    "def fibonacci(n):",
+    "Translate 'good morning' into Spanish.",
+]
+
+# Synthetic models: (fixture name, preset, weight type, seed).
+SYNTHETIC = [("synthetic-qwen2", "tiny-qwen2", "Q4_0", 7), ("synthetic-llama", "tiny-llama", "F16", 11)]
+
+
+def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (adjacent-pair RoPE) for transformers (half-split RoPE)."""
+    out_dim, in_dim = weight.shape
+    head = out_dim // n_heads
+    return weight.reshape(n_heads, head // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
+
+
+def hf_model(gguf: GGUFFile, config: ModelConfig) -> torch.nn.Module:
+    common = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=config.d_ff,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.context_length,
+        rms_norm_eps=config.rms_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        tie_word_embeddings=config.tied_output,
+        attn_implementation="eager",
+        torch_dtype=torch.float32,
+    )
+    if config.architecture == "llama":
+        model = LlamaForCausalLM(LlamaConfig(attention_bias=False, mlp_bias=False, **common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **common))
+    state = {}
+
+    def put(hf_name: str, gguf_name: str, permute_heads: int | None = None) -> None:
+        values = dequantize(gguf.tensor(gguf_name))
+        if permute_heads is not None and config.architecture == "llama":
+            values = unpermute_rope_rows(values, permute_heads)
+        state[hf_name] = torch.from_numpy(np.ascontiguousarray(values))
+
+    put("model.embed_tokens.weight", "token_embd.weight")
+    put("model.norm.weight", "output_norm.weight")
+    put("lm_head.weight", "token_embd.weight" if config.tied_output else "output.weight")
+    for i in range(config.n_layers):
+        blk, hf = f"blk.{i}", f"model.layers.{i}"
+        put(f"{hf}.input_layernorm.weight", f"{blk}.attn_norm.weight")
+        put(f"{hf}.post_attention_layernorm.weight", f"{blk}.ffn_norm.weight")
+        put(f"{hf}.self_attn.q_proj.weight", f"{blk}.attn_q.weight", config.n_heads)
+        put(f"{hf}.self_attn.k_proj.weight", f"{blk}.attn_k.weight", config.n_kv_heads)
+        put(f"{hf}.self_attn.v_proj.weight", f"{blk}.attn_v.weight")
+        put(f"{hf}.self_attn.o_proj.weight", f"{blk}.attn_output.weight")
+        put(f"{hf}.mlp.gate_proj.weight", f"{blk}.ffn_gate.weight")
+        put(f"{hf}.mlp.up_proj.weight", f"{blk}.ffn_up.weight")
+        put(f"{hf}.mlp.down_proj.weight", f"{blk}.ffn_down.weight")
+        if config.qkv_bias:
+            put(f"{hf}.self_attn.q_proj.bias", f"{blk}.attn_q.bias")
+            put(f"{hf}.self_attn.k_proj.bias", f"{blk}.attn_k.bias")
+            put(f"{hf}.self_attn.v_proj.bias", f"{blk}.attn_v.bias")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (config.tied_output and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise SystemExit(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+@torch.no_grad()
+def reference_run(model: torch.nn.Module, ids: list[int]) -> tuple[np.ndarray, list[int]]:
+    """Last-position logits for `ids`, and the greedy continuation of CONTINUATION tokens (no early stop)."""
+    input_ids = torch.tensor([ids])
+    logits = model(input_ids).logits[0, -1].numpy().astype(np.float32)
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=CONTINUATION,
+        min_new_tokens=CONTINUATION,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return logits, [int(t) for t in out[0, len(ids) :]]
+
+
+def write_fixture(name: str, path: Path, prompts: list[list[int]], source: str) -> None:
+    gguf = GGUFFile(path)
+    config = ModelConfig.from_gguf(gguf)
+    model = hf_model(gguf, config)
+    arrays: dict[str, np.ndarray] = {}
+    for index, ids in enumerate(prompts):
+        logits, continuation = reference_run(model, ids)
+        arrays[f"ids_{index}"] = np.asarray(ids, dtype=np.int32)
+        arrays[f"logits_{index}"] = logits
+        arrays[f"greedy_{index}"] = np.asarray(continuation, dtype=np.int32)
+    meta = {
+        "model": source,
+        "weights_sha256": weights_digest(gguf),
+        "prompts": len(prompts),
+        "reference": f"transformers {transformers.__version__} ({type(model).__name__}, eager attention, float32), "
+        f"torch {torch.__version__}",
+    }
+    arrays["meta"] = np.array(json.dumps(meta))
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(FIXTURES / f"reference_{name}.npz", **arrays)
+    print(f"{name}: {len(prompts)} prompts -> {FIXTURES / f'reference_{name}.npz'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/minfer-reference"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+
+    default = KNOWN_MODELS["smollm2"]
+    path = resolve_model(default.name)
+    gguf = GGUFFile(path)
+    tokenizer = Tokenizer.from_gguf(gguf)
+    template = ChatTemplate.from_gguf(gguf, tokenizer)
+    prompts = [
+        tokenizer.encode(template.render([{"role": "user", "content": text}], add_generation_prompt=True))
+        for text in CHAT_PROMPTS
+    ]
+    write_fixture("smollm2", path, prompts, f"{default.package}=={default.version}/{default.filename}")
+
+    rng = np.random.default_rng(2026)
+    for name, preset, weight_type, seed in SYNTHETIC:
+        synthetic = write_synthetic_model(args.workdir / f"{name}.gguf", preset, weight_type=weight_type, seed=seed)
+        vocab = ModelConfig.from_gguf(GGUFFile(synthetic)).vocab_size
+        prompts = [[int(t) for t in rng.integers(3, vocab, size=n)] for n in (1, 7, 16, 33, 64)]
+        write_fixture(name, synthetic, prompts, f"minfer.testing.synthetic preset={preset} {weight_type} seed={seed}")
+
+
+if __name__ == "__main__":
+    main()
