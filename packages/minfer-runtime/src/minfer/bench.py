@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from minfer.engine import Engine
+from minfer.errors import ContextOverflowError
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ def bench(
     seed: int = 0,
 ) -> list[BenchResult]:
     info = engine.info
+    longest = max([*prompt_sizes, *gen_sizes], default=0)
+    if longest > engine.ctx_size:
+        raise ContextOverflowError(
+            f"a test of {longest} tokens does not fit the context size {engine.ctx_size}: "
+            f"lower -p/-n or raise --ctx-size (the model's context is {info.context_length})"
+        )
     rng = np.random.default_rng(seed)
     vocab = engine.tokenizer.vocab_size
     weight_bytes = sum(engine.gguf.tensor(name).nbytes for name in engine.config.expected_tensors())

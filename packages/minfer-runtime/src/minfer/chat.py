@@ -49,8 +49,11 @@ class ChatSession:
 
     @property
     def messages(self) -> list[Message]:
+        return self._with_system(self.turns)
+
+    def _with_system(self, turns: list[Message]) -> list[Message]:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return [*system, *self.turns]
+        return [*system, *turns]
 
     @property
     def context_used(self) -> int:
@@ -88,27 +91,30 @@ class ChatSession:
         return self.send(user["content"])
 
     def _prompt_tokens(self) -> tuple[list[int], str]:
-        """Tokens for the conversation with a generation prompt, dropping old turns when it does not fit."""
-        self.dropped_turns = 0
+        """Tokens for the conversation with a generation prompt, dropping old turns when it does not fit.
+
+        Nothing changes unless a fitting prompt is found: a message too long for the context on its
+        own is refused and the conversation stays as it was.
+        """
+        turns, dropped = self.turns, 0
+        cached_tokens, cached_text = self._tokens, self._rendered
         while True:
-            rendered = self.engine.template.render(self.messages, add_generation_prompt=True)
-            if self._rendered and rendered.startswith(self._rendered):
-                tokens = [
-                    *self._tokens,
-                    *self.engine.tokenizer.encode(rendered[len(self._rendered) :], add_bos=False),
-                ]
+            rendered = self.engine.template.render(self._with_system(turns), add_generation_prompt=True)
+            if cached_text and rendered.startswith(cached_text):
+                new_text = rendered[len(cached_text) :]
+                tokens = [*cached_tokens, *self.engine.tokenizer.encode(new_text, add_bos=False)]
             else:
                 tokens = self.engine.tokenizer.encode(rendered)
             if len(tokens) + self.max_tokens <= self.ctx_size:
+                self.turns, self.dropped_turns = turns, dropped
                 return tokens, rendered
-            if len(self.turns) <= 1:
+            if len(turns) <= 1:
                 raise ContextOverflowError(
                     f"the message ({len(tokens)} tokens with the template) plus the reply budget "
                     f"({self.max_tokens} tokens) does not fit the context size {self.ctx_size}"
                 )
-            self.turns = self.turns[2:]  # the oldest user message and its reply
-            self.dropped_turns += 1
-            self._tokens, self._rendered = [], ""
+            turns, dropped = turns[2:], dropped + 1  # the oldest user message and its reply
+            cached_tokens, cached_text = [], ""
 
     def _reply(self, prompt: list[int], rendered: str) -> Iterator[str]:
         result = Generation()

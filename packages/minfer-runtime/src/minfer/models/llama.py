@@ -76,7 +76,7 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
             proj = g.node(f"{blk}.attn_{part}", Op.MATMUL, [h, w(f"{blk}.attn_{part}.weight")], (n, width))
             if config.qkv_bias:
                 proj = g.node(
-                    f"{blk}.attn_{part}.bias",
+                    f"{blk}.attn_{part}_bias",
                     Op.ADD_BIAS,
                     [proj, w(f"{blk}.attn_{part}.bias")],
                     (n, width),
@@ -94,7 +94,7 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
         v = g.node(f"{blk}.attn_v", Op.MATMUL, [h, w(f"{blk}.attn_v.weight")], (n, config.kv_dim))
         if config.qkv_bias:
             v = g.node(
-                f"{blk}.attn_v.bias", Op.ADD_BIAS, [v, w(f"{blk}.attn_v.bias")], (n, config.kv_dim), inplace_input=0
+                f"{blk}.attn_v_bias", Op.ADD_BIAS, [v, w(f"{blk}.attn_v.bias")], (n, config.kv_dim), inplace_input=0
             )
         cache_k, cache_v = kv_cache_tensors(config, layer, n_ctx)
         g.nodes.append(

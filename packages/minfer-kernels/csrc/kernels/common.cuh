@@ -1,0 +1,55 @@
+// Helpers shared by every kernel family: grid arithmetic, warp and block reductions, and the way a
+// launcher refuses arguments its kernel cannot handle.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+// A launcher that refuses its arguments (a type it has no kernel for, a size its kernel cannot split)
+// calls this instead of launching. It leaves `reason` (a string literal) where the binding reads it
+// and returns cudaErrorInvalidValue; the binding raises ValueError with the reason. Defined in
+// csrc/runtime.cpp, which owns the error model.
+extern "C" cudaError_t minfer_refuse(const char* reason);
+
+namespace minfer {
+
+constexpr int WARP_SIZE = 32;
+constexpr unsigned FULL_WARP = 0xffffffffu;
+
+// Number of blocks of `block` threads that cover `n` items: the last block may be partly idle, which is
+// why every kernel guards its index.
+constexpr int ceil_div(int n, int block) { return (n + block - 1) / block; }
+
+// Sum of `value` over the 32 lanes of a warp; every lane gets the result. Butterfly (xor) shuffles: five
+// register exchanges, no shared memory. The whole warp must call it.
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(FULL_WARP, value, offset);
+    return value;
+}
+
+// Sum of `value` over every thread of the block; every thread gets the result. Each warp reduces with
+// shuffles, one value per warp goes through shared memory, and every warp reduces those. Contains
+// __syncthreads(): every thread of the block must call it (no early return before it).
+__device__ __forceinline__ float block_sum(float value) {
+    __shared__ float per_warp[WARP_SIZE];
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int n_warps = (blockDim.x + WARP_SIZE - 1) / WARP_SIZE;
+
+    value = warp_sum(value);
+    __syncthreads();  // a previous call's readers are done with per_warp before it is overwritten
+    if (lane == 0) per_warp[warp] = value;
+    __syncthreads();
+    value = lane < n_warps ? per_warp[lane] : 0.0f;
+    value = warp_sum(value);  // every warp reduces the per-warp sums: no second broadcast needed
+    return value;
+}
+
+inline bool is_aligned(const void* pointer, std::size_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+
+}  // namespace minfer

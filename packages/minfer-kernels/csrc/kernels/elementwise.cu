@@ -1,0 +1,106 @@
+// Elementwise kernels over float32 activations: one thread per element.
+//
+// The shape every kernel here shares: a global index from the block and thread coordinates, a guard
+// (the grid is a ceil-div, so the last block is partly idle), one load-compute-store. Consecutive threads
+// touch consecutive floats, so each warp's accesses merge into 128-byte transactions.
+//
+// Outputs may alias inputs (out == a for a residual add, for example): each thread reads its element
+// before it writes it and touches no other element, so no pointer here is declared __restrict__.
+#include "common.cuh"
+#include "launchers.h"
+
+namespace minfer {
+namespace {
+
+constexpr int BLOCK = 256;  // threads per block: 8 warps, a common default for memory-bound kernels
+
+__global__ void add_f32(const float* a, const float* b, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = a[i] + b[i];
+}
+
+__global__ void mul_f32(const float* a, const float* b, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = a[i] * b[i];
+}
+
+__global__ void scale_f32(const float* x, float* out, float scale, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = x[i] * scale;
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
+// In place: the graph decides when an op may overwrite its input (the alias rule); the kernel just does.
+__global__ void silu_f32(float* x, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = silu(x[i]);
+}
+
+// out[r][i] = silu(gate[r][i]) * up[r][i], the gated FFN activation. gate and up rows are `in_stride`
+// floats apart, so one kernel serves two separate [rows][d] buffers (in_stride = d) and one fused
+// gate|up projection output [rows][2d] (gate = base, up = base + d, in_stride = 2d).
+__global__ void swiglu_f32(const float* gate, const float* up, float* out, int d, int in_stride) {
+    const int row = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d) return;
+    const std::size_t in = std::size_t(row) * in_stride + i;
+    out[std::size_t(row) * d + i] = silu(gate[in]) * up[in];
+}
+
+// y[r][i] += bias[i]: every row (token) adds the same vector, which stays hot in L2 across blocks.
+__global__ void add_bias_f32(float* y, const float* bias, int d) {
+    const int row = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d) return;
+    y[std::size_t(row) * d + i] += bias[i];
+}
+
+}  // namespace
+}  // namespace minfer
+
+using namespace minfer;
+
+extern "C" cudaError_t launch_add_f32(const float* a, const float* b, float* out, int n, cudaStream_t stream) {
+    // grid.x: ceil(n / 256) blocks; one thread per element.
+    add_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(a, b, out, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_mul_f32(const float* a, const float* b, float* out, int n, cudaStream_t stream) {
+    // grid.x: ceil(n / 256) blocks; one thread per element.
+    mul_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(a, b, out, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_scale_f32(const float* x, float* out, float scale, int n, cudaStream_t stream) {
+    // grid.x: ceil(n / 256) blocks; one thread per element.
+    scale_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(x, out, scale, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_silu_f32(float* x, int n, cudaStream_t stream) {
+    // grid.x: ceil(n / 256) blocks; one thread per element.
+    silu_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(x, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_swiglu_f32(const float* gate, const float* up, float* out, int rows, int d,
+                                         int in_stride, cudaStream_t stream) {
+    // grid.x: ceil(d / 256) column blocks of a row; grid.y: the row (token), so rows <= 65535.
+    const dim3 grid(ceil_div(d, BLOCK), rows);
+    swiglu_f32<<<grid, BLOCK, 0, stream>>>(gate, up, out, d, in_stride);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cudaStream_t stream) {
+    // grid.x: ceil(d / 256) column blocks of a row; grid.y: the row (token), so rows <= 65535.
+    // `rows` is the ROW COUNT, not rows * d: the grid, not the kernel, encodes how many rows there are.
+    const dim3 grid(ceil_div(d, BLOCK), rows);
+    add_bias_f32<<<grid, BLOCK, 0, stream>>>(y, bias, d);
+    return cudaGetLastError();
+}

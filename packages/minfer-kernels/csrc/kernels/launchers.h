@@ -1,0 +1,63 @@
+// Every kernel launcher of libminfer_cuda.a: the seam between the kernels (csrc/kernels/*.cu, compiled by
+// nvcc) and the binding (csrc/module.cpp, compiled by the host C++ compiler). Each family file includes
+// this header, so a definition that drifts from its declaration does not compile.
+//
+// The contract every launcher keeps:
+//   - it takes device pointers, sizes and the cudaStream_t to enqueue on, and returns at once;
+//   - it returns cudaErrorInvalidValue, without launching, for arguments its kernel cannot handle, after
+//     leaving the reason through minfer_refuse() (common.cuh);
+//   - otherwise it returns cudaGetLastError() right after the launch, so a launch-configuration error
+//     (a grid too large, a zero-sized grid) surfaces at this launch and not at a later sync;
+//   - an error while the kernel runs (an out-of-bounds access, a __trap) can only surface later, at the
+//     next sync() or CUDA call: the binding reports that as a latched error (csrc/runtime.cpp).
+//
+// Activations are float32, token-major [n_tokens][d], contiguous. Sizes are element counts.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+extern "C" {
+
+// elementwise.cu
+cudaError_t launch_add_f32(const float* a, const float* b, float* out, int n, cudaStream_t stream);
+cudaError_t launch_mul_f32(const float* a, const float* b, float* out, int n, cudaStream_t stream);
+cudaError_t launch_scale_f32(const float* x, float* out, float scale, int n, cudaStream_t stream);
+cudaError_t launch_silu_f32(float* x, int n, cudaStream_t stream);
+cudaError_t launch_swiglu_f32(const float* gate, const float* up, float* out, int rows, int d, int in_stride,
+                              cudaStream_t stream);
+cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cudaStream_t stream);
+
+// norm.cu
+cudaError_t launch_rms_norm_f32(const float* x, const float* weight, float* out, int rows, int d, float eps,
+                                cudaStream_t stream);
+
+// rope.cu
+cudaError_t launch_rope_f32(float* x, const int* positions, int n_tokens, int n_heads, int head_dim, int n_rot,
+                            float freq_base, int mode, cudaStream_t stream);
+
+// embed.cu
+cudaError_t launch_embed_rows(const void* table, int type, const int* ids, float* out, int n_tokens, int d,
+                              int n_rows, cudaStream_t stream);
+
+// matmul.cu
+long long minfer_row_bytes(int type, long long n_values);
+cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y, int in_features,
+                          int out_features, int n_tokens, cudaStream_t stream);
+
+// attention.cu
+cudaError_t launch_kv_store_f32(const float* k, const float* v, float* k_cache, float* v_cache,
+                                const int* positions, int n_tokens, int kv_dim, int n_ctx, cudaStream_t stream);
+std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_splits);
+cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+                                        const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
+                                        int head_dim, int n_ctx, int n_splits, cudaStream_t stream);
+cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+                                         const int* positions, int n_tokens, int n_heads, int n_kv_heads,
+                                         int head_dim, int n_ctx, cudaStream_t stream);
+
+// sample.cu
+cudaError_t launch_argmax_f32(const float* x, int* out, int rows, int n, cudaStream_t stream);
+
+}  // extern "C"

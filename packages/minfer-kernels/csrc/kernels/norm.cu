@@ -1,0 +1,37 @@
+// RMSNorm: out[r][i] = x[r][i] / sqrt(mean_i(x[r][i]^2) + eps) * weight[i]  (LLaMA's norm; no mean
+// subtraction, no bias).
+//
+// One block per row: the row's sum of squares is a block-wide reduction (warp shuffles, then one value
+// per warp through shared memory), after which every thread scales its own elements. out may alias x:
+// each thread reads its elements, the reduction's barrier passes, then it writes the same elements.
+#include "common.cuh"
+#include "launchers.h"
+
+namespace minfer {
+namespace {
+
+constexpr int NORM_THREADS = 256;
+
+__global__ void rms_norm_f32(const float* x, const float* weight, float* out, int d, float eps) {
+    const float* row = x + std::size_t(blockIdx.x) * d;
+    float* out_row = out + std::size_t(blockIdx.x) * d;
+
+    float sum_of_squares = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) sum_of_squares += row[i] * row[i];
+    sum_of_squares = block_sum(sum_of_squares);
+
+    const float inv_rms = rsqrtf(sum_of_squares / float(d) + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = row[i] * inv_rms * weight[i];
+}
+
+}  // namespace
+}  // namespace minfer
+
+using namespace minfer;
+
+extern "C" cudaError_t launch_rms_norm_f32(const float* x, const float* weight, float* out, int rows, int d,
+                                           float eps, cudaStream_t stream) {
+    // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values.
+    rms_norm_f32<<<rows, NORM_THREADS, 0, stream>>>(x, weight, out, d, eps);
+    return cudaGetLastError();
+}

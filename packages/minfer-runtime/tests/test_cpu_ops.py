@@ -1,0 +1,67 @@
+"""The numpy backend's ops against loop-by-loop float64 definitions, on random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from minfer.backends.cpu import attention, rms_norm, rope_inplace
+
+
+def test_rms_norm_matches_definition():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 33)).astype(np.float32)
+    w = rng.standard_normal(33).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    rms_norm(x, w, 1e-5, out)
+    x64 = x.astype(np.float64)
+    expected = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_rotates_the_right_pairs(neox):
+    rng = np.random.default_rng(2)
+    n_heads, head_dim, rope_dim, theta = 3, 16, 12, 10000.0
+    positions = np.array([0, 5, 17], dtype=np.int32)
+    x = rng.standard_normal((3, n_heads * head_dim)).astype(np.float32)
+    got = x.copy()
+    rope_inplace(got, positions, n_heads, head_dim, rope_dim, theta, neox)
+    expected = x.astype(np.float64).reshape(3, n_heads, head_dim).copy()
+    for t, pos in enumerate(positions):
+        for h in range(n_heads):
+            row = expected[t, h].copy()
+            for i in range(rope_dim // 2):
+                angle = pos * theta ** (-2 * i / rope_dim)
+                a, b = (i, i + rope_dim // 2) if neox else (2 * i, 2 * i + 1)
+                expected[t, h, a] = row[a] * math.cos(angle) - row[b] * math.sin(angle)
+                expected[t, h, b] = row[a] * math.sin(angle) + row[b] * math.cos(angle)
+    np.testing.assert_allclose(got, expected.reshape(3, -1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(
+        got.reshape(3, n_heads, head_dim)[..., rope_dim:], x.reshape(3, n_heads, head_dim)[..., rope_dim:]
+    )
+
+
+def test_attention_is_causal_by_position_with_grouped_heads():
+    rng = np.random.default_rng(3)
+    n_heads, n_kv_heads, head_dim, n_ctx = 6, 2, 8, 20
+    cache_k = rng.standard_normal((n_ctx, n_kv_heads * head_dim)).astype(np.float32)
+    cache_v = rng.standard_normal((n_ctx, n_kv_heads * head_dim)).astype(np.float32)
+    positions = np.array([9, 10, 11], dtype=np.int32)
+    kv_len = 12
+    q = rng.standard_normal((3, n_heads * head_dim)).astype(np.float32)
+    out = np.full((3, n_heads * head_dim), np.nan, dtype=np.float32)
+    attention(q, cache_k, cache_v, positions, kv_len, n_heads, n_kv_heads, head_dim, out)
+    expected = np.zeros((3, n_heads, head_dim))
+    for t, pos in enumerate(positions):
+        for h in range(n_heads):
+            kv = h // (n_heads // n_kv_heads)
+            qh = q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64)
+            keys = cache_k[: pos + 1, kv * head_dim : (kv + 1) * head_dim].astype(np.float64)
+            values = cache_v[: pos + 1, kv * head_dim : (kv + 1) * head_dim].astype(np.float64)
+            scores = keys @ qh / math.sqrt(head_dim)
+            p = np.exp(scores - scores.max())
+            expected[t, h] = (p / p.sum()) @ values
+    np.testing.assert_allclose(out, expected.reshape(3, -1), rtol=1e-5, atol=1e-5)
