@@ -1,15 +1,15 @@
 """Developer sessions for the minfer monorepo.
 
-    nox -s tests      everything that runs on a CPU (CI runs this)
-    nox -s gpu        on a machine with an NVIDIA GPU: build for the local arch, every CUDA test, bench
-    nox -s lint       ruff
-    nox -s run -- ARGS         `minfer run` with the default model
-    nox -s chat -- ARGS        `minfer-chat`
-    nox -s bench -- ARGS       `minfer bench`
-    nox -s build      wheels of the three packages into dist/
-    nox -s docs       check that the docs' code references exist
-    nox -s reference  regenerate the committed logits fixtures (torch + transformers, CPU)
-    nox -s tokenizer_fixture   regenerate the committed tokenizer fixture from an independent tokenizer
+nox -s tests      everything that runs on a CPU (CI runs this)
+nox -s gpu        on a machine with an NVIDIA GPU: build for the local arch, every CUDA test, bench
+nox -s lint       ruff
+nox -s run -- ARGS         `minfer run` with the default model
+nox -s chat -- ARGS        `minfer-chat`
+nox -s bench -- ARGS       `minfer bench`
+nox -s build      wheels of the three packages into dist/
+nox -s docs       check that the docs' code references exist
+nox -s reference  regenerate the committed logits fixtures (torch + transformers, CPU)
+nox -s tokenizer_fixture   regenerate the committed tokenizer fixture from an independent tokenizer
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def tests(session: nox.Session) -> None:
     install_default_model(session)
     # CI has nvcc but no GPU: build for one arch to stay fast (the probe still runs).
     install_kernels(session, "90")
-    session.run("pytest", "-q", "-ra", f"{RUNTIME}/tests", f"{KERNELS}/tests", f"{CHAT}/tests", "tests",
-                *session.posargs)
+    session.run(
+        "pytest", "-q", "-ra", f"{RUNTIME}/tests", f"{KERNELS}/tests", f"{CHAT}/tests", "tests", *session.posargs
+    )
 
 
 @nox.session(venv_backend="none")

@@ -38,9 +38,9 @@ void check_launch(cudaError_t err, const char* launcher);
 void sync(cudaStream_t stream);
 // How many latched errors have been observed in this process.
 long long latched_error_count();
-// Refuses (with a CudaFailure, before touching the stream) an operation that would synchronize a
-// stream that is being captured: a sync inside a capture window would invalidate the capture.
-void refuse_inside_capture(cudaStream_t stream, const char* what);
+// Refuses (with a CudaFailure, before any CUDA call) an operation that synchronizes while this thread
+// is capturing a graph: a sync inside a capture window would invalidate the capture.
+void refuse_inside_capture(const char* what);
 
 // --- Devices ---------------------------------------------------------------------------------------
 struct DeviceProperties {

@@ -371,7 +371,7 @@ def test_synthetic_gguf_is_byte_for_byte_reproducible(tmp_path):
 
 def test_padding_tokens_are_never_produced_and_decode_to_nothing(synthetic_tokenizers):
     tokenizer = synthetic_tokenizers["synthetic-llama-bpe"]
-    tokens, token_types, _ = build_vocab(2048)
+    _tokens, token_types, _merges = build_vocab(2048)
     first_padding = token_types.index(gguf.TokenType.UNUSED)
     texts = [CORPUS, "<|extra_0|> <|extra_5|>", *(case["text"] for case in SYNTHETIC["synthetic-llama-bpe"]["cases"])]
     for text in texts:

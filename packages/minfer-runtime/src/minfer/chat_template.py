@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jinja2
 import jinja2.ext
@@ -106,7 +106,7 @@ class ChatTemplate:
 class _GenerationBlock(jinja2.ext.Extension):
     """Accepts transformers' `{% generation %}...{% endgeneration %}` markers and renders their body."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

@@ -23,8 +23,10 @@ llama.cpp's, so word boundaries and merges come out the same.
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import gguf
 import tokenizers
@@ -98,7 +100,11 @@ SUPPORTED_MODELS = ("gpt2",)
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer built from a GGUF file's metadata (see the module docstring)."""
+    """Byte-level BPE tokenizer built from a GGUF file's metadata (see the module docstring).
+
+    `source` names the file in error messages; `pre_tokenizer` is the
+    `tokenizer.ggml.pre` name in use.
+    """
 
     def __init__(
         self,
@@ -113,27 +119,26 @@ class Tokenizer:
         eot_id: int | None,
         add_bos: bool | None,
     ) -> None:
-        """Prefer `Tokenizer.from_gguf`; `source` names the file in error messages."""
+        """Prefer `Tokenizer.from_gguf`. Arguments are the decoded `tokenizer.ggml.*` values."""
         spec = PRE_TOKENIZERS[pre_tokenizer]
         self.source = source
         self.pre_tokenizer = pre_tokenizer
         self._tokens = tokens
-        self._types = _with_end_of_turn_as_control(tokens, token_types)
+        self._token_types = _with_end_of_turn_as_control(tokens, token_types)
         self._bos_id = bos_id
         self._eos_id = eos_id
         self._add_bos = spec.add_bos_default if add_bos is None else add_bos
         if self._add_bos and bos_id is None:
             raise TokenizerError(f"{source}: tokenizer.ggml.add_bos_token is true but no BOS token is set")
-        self._word_splitter = tokenizers.pre_tokenizers.Sequence(
-            [tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated") for regex in spec.regexes]
-        )
+        self._word_splitter = _word_splitter(spec.regexes)
         self._bpe = _build_bpe(source, tokens, merges, self._word_splitter, spec.ignore_merges)
         # Each token's bytes, worked out on first use: decoding touches few tokens.
         self._pieces: list[bytes | None] = [None] * len(tokens)
-        specials = _special_tokens(tokens, self._types)
-        self._specials_when_parsing = specials
+        self._specials_when_parsing = _special_tokens(tokens, self._token_types)
         self._specials_always = tuple(
-            (text, token_id) for text, token_id in specials if self._types[token_id] == gguf.TokenType.USER_DEFINED
+            (text, token_id)
+            for text, token_id in self._specials_when_parsing
+            if self._token_types[token_id] == gguf.TokenType.USER_DEFINED
         )
         present_end_of_turn = (token_id for token_id, text in enumerate(tokens) if text in END_OF_TURN_TEXTS)
         self._stop_ids = frozenset(
@@ -153,7 +158,7 @@ class Tokenizer:
             )
         # llama.cpp uses its 'default' regexes when a BPE file names no pre-tokenizer.
         pre_tokenizer = gguf_file.get("tokenizer.ggml.pre", "default")
-        if pre_tokenizer not in PRE_TOKENIZERS:
+        if not isinstance(pre_tokenizer, str) or pre_tokenizer not in PRE_TOKENIZERS:
             raise TokenizerError(
                 f"{source}: tokenizer.ggml.pre '{pre_tokenizer}' is not supported "
                 f"(supported: {', '.join(PRE_TOKENIZERS)})"
@@ -211,8 +216,11 @@ class Tokenizer:
             else:
                 ids.extend(self._bpe.encode(fragment, add_special_tokens=False).ids)
         wants_bos = self._add_bos if add_bos is None else add_bos
-        if wants_bos and self._bos_id is not None and ids[:1] != [self._bos_id]:
-            ids.insert(0, self._bos_id)
+        if wants_bos:
+            if self._bos_id is None:
+                raise TokenizerError(f"{self.source}: BOS was asked for but the vocabulary has no BOS token")
+            if ids[:1] != [self._bos_id]:
+                ids.insert(0, self._bos_id)
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -224,7 +232,7 @@ class Tokenizer:
         self._check_id(token_id)
         piece = self._pieces[token_id]
         if piece is None:
-            piece = self._pieces[token_id] = _token_bytes(self._tokens[token_id], self._types[token_id])
+            piece = self._pieces[token_id] = _token_bytes(self._tokens[token_id], self._token_types[token_id])
         return piece
 
     def token_text(self, token_id: int) -> str:
@@ -298,6 +306,13 @@ class StreamDecoder:
         return text
 
 
+def _word_splitter(regexes: tuple[str, ...]) -> tokenizers.pre_tokenizers.PreTokenizer:
+    """Step 2: each regex in turn splits every piece into its matches and the gaps between them."""
+    return tokenizers.pre_tokenizers.Sequence(
+        [tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated") for regex in regexes]
+    )
+
+
 def _build_bpe(
     source: str,
     tokens: list[str],
@@ -344,8 +359,8 @@ def _token_bytes(text: str, token_type: int) -> bytes:
         return text.encode("utf-8")
     if token_type == gguf.TokenType.NORMAL:
         return _byte_level_bytes(text)
-    if token_type == gguf.TokenType.BYTE:
-        return bytes([int(text[3:5], 16)])  # spelled <0xAB>
+    if token_type == gguf.TokenType.BYTE and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text):
+        return bytes([int(text[3:5], 16)])
     return b""  # UNUSED or an unknown type: llama.cpp renders nothing
 
 
@@ -358,7 +373,7 @@ def _byte_level_bytes(text: str) -> bytes:
         return b"".join(bytes([CHAR_TO_BYTE[char]]) if char in CHAR_TO_BYTE else char.encode("utf-8") for char in text)
 
 
-def _required(gguf_file: GGUFFile, key: str, kind: type) -> object:
+def _required(gguf_file: GGUFFile, key: str, kind: type) -> Any:
     if key not in gguf_file.metadata:
         raise TokenizerError(f"{gguf_file.path}: required tokenizer key '{key}' is missing")
     value = gguf_file.metadata[key]

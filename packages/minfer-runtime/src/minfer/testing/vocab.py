@@ -13,6 +13,7 @@ and every platform (tests record hashes of these files).
 from __future__ import annotations
 
 import heapq
+import itertools
 import re
 from collections import Counter, defaultdict
 from functools import cache
@@ -271,7 +272,7 @@ def _train_bpe(word_counts: Counter[tuple[str, ...]], max_merges: int) -> list[t
     pair_counts: Counter[tuple[str, str]] = Counter()
     pair_words: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
     for index, word in enumerate(words):
-        for pair in zip(word, word[1:], strict=False):
+        for pair in itertools.pairwise(word):
             pair_counts[pair] += freqs[index]
             pair_words[pair].add(index)
     # A max-heap by count (then smallest pair) with lazy deletion: stale entries
@@ -287,11 +288,11 @@ def _train_bpe(word_counts: Counter[tuple[str, ...]], max_merges: int) -> list[t
         changed: set[tuple[str, str]] = set()
         for index in sorted(pair_words.pop(pair)):
             word, freq = words[index], freqs[index]
-            for old in zip(word, word[1:], strict=False):
+            for old in itertools.pairwise(word):
                 pair_counts[old] -= freq
                 changed.add(old)
             word[:] = _merge_pair(word, pair)
-            for new in zip(word, word[1:], strict=False):
+            for new in itertools.pairwise(word):
                 pair_counts[new] += freq
                 pair_words[new].add(index)
                 changed.add(new)

@@ -1,0 +1,104 @@
+"""Slash commands: their names, arguments and help, and the parsing of their values.
+
+Everything here is plain Python, apart from the UI, so a typo like `/temp 9x`
+becomes a `CommandError` with a one-line message that the app shows inline.
+What each command *does* lives in the app (`ChatApp.COMMAND_HANDLERS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from minfer import MinferError, SamplingParams
+
+
+class CommandError(Exception):
+    """A slash command the app cannot run: unknown, or with a bad value. The message is one line."""
+
+
+@dataclass(frozen=True)
+class SlashCommand:
+    name: str
+    argument: str  # how /help shows the argument ("X", "[TEXT]"); empty when there is none
+    summary: str
+    while_streaming: bool = False  # safe to run while a reply streams (it does not touch the conversation)
+
+    @property
+    def usage(self) -> str:
+        return f"/{self.name} {self.argument}".rstrip()
+
+
+COMMANDS: dict[str, SlashCommand] = {
+    command.name: command
+    for command in (
+        SlashCommand("help", "", "list the commands and keys", while_streaming=True),
+        SlashCommand("clear", "", "start a new conversation (the system prompt stays)"),
+        SlashCommand("regen", "", "regenerate the last reply"),
+        SlashCommand("system", "[TEXT]", "set the system prompt; without TEXT, remove it"),
+        SlashCommand("temp", "X", "sampling temperature; 0 is greedy"),
+        SlashCommand("top-p", "X", "keep the likeliest tokens up to probability X (1 disables)"),
+        SlashCommand("top-k", "N", "keep the N likeliest tokens (0 disables)"),
+        SlashCommand("max-tokens", "N", "the longest reply, in tokens"),
+        SlashCommand("seed", "N", "seed for reproducible sampling; `off` for a fresh one each time"),
+        SlashCommand("save", "PATH", "save the conversation: JSON for .json, else Markdown"),
+        SlashCommand("stats", "", "speed and token counts of the last reply, and the settings"),
+        SlashCommand("quit", "", "leave minfer-chat", while_streaming=True),
+    )
+}
+
+# The commands that change one sampling parameter: command name -> SamplingParams field.
+SAMPLING_FIELDS = {"temp": "temperature", "top-p": "top_p", "top-k": "top_k", "seed": "seed"}
+
+
+def is_command(text: str) -> bool:
+    return text.startswith("/")
+
+
+def parse_command(text: str) -> tuple[SlashCommand, str]:
+    """`/name rest of line` -> (the command, its argument with surrounding whitespace removed)."""
+    name, _, argument = text.strip().removeprefix("/").partition(" ")
+    if name not in COMMANDS:
+        shown = f"/{name}" if name else "/"
+        raise CommandError(f"unknown command {shown}: /help lists the commands")
+    return COMMANDS[name], argument.strip()
+
+
+def parse_float(command: SlashCommand, argument: str) -> float:
+    try:
+        return float(argument)
+    except ValueError:
+        raise CommandError(f"{command.usage}: {argument!r} is not a number") from None
+
+
+def parse_int(command: SlashCommand, argument: str) -> int:
+    try:
+        return int(argument)
+    except ValueError:
+        raise CommandError(f"{command.usage}: {argument!r} is not a whole number") from None
+
+
+def updated_sampling(sampling: SamplingParams, command: SlashCommand, argument: str) -> SamplingParams:
+    """The sampling parameters with the one that `command` names set from `argument`."""
+    field = SAMPLING_FIELDS[command.name]
+    if not argument:
+        raise CommandError(f"{command.usage}: give a value (now {getattr(sampling, field)})")
+    value: float | int | None
+    if command.name == "seed":
+        value = None if argument == "off" else parse_int(command, argument)
+    elif command.argument == "N":
+        value = parse_int(command, argument)
+    else:
+        value = parse_float(command, argument)
+    try:
+        return dataclasses.replace(sampling, **{field: value})
+    except MinferError as exc:  # the runtime checks the ranges: one source of truth
+        raise CommandError(f"{command.usage}: {exc}") from None
+
+
+def parse_max_tokens(command: SlashCommand, argument: str, ctx_size: int) -> int:
+    """A reply budget that leaves room in the context for at least one token of prompt."""
+    value = parse_int(command, argument)
+    if not 1 <= value < ctx_size:
+        raise CommandError(f"{command.usage}: must be between 1 and {ctx_size - 1} (the context holds {ctx_size})")
+    return value

@@ -1,0 +1,184 @@
+"""The widgets of the chat screen, top to bottom: header, conversation, message box, status line.
+
+They only display what the app hands them; none of them talks to the engine.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
+from textual.events import Key
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Label, Markdown, ProgressBar, Static, TextArea
+
+from minfer import GenerationStats, ModelInfo
+
+# Why a reply ended, in the words shown under it ("eos" needs no note: the model finished).
+STOP_NOTES = {"cancelled": "stopped", "length": "reached the reply limit (/max-tokens)"}
+
+
+def describe_quant_mix(quant_mix: dict[str, int]) -> str:
+    """`{"Q8_0": 16, "F32": 5}` -> `Q8_0 ×16, F32 ×5`."""
+    return ", ".join(f"{quant} ×{count}" for quant, count in quant_mix.items())
+
+
+def describe_parameters(n_parameters: int) -> str:
+    if n_parameters >= 10**9:
+        return f"{n_parameters / 1e9:.1f}B params"
+    return f"{n_parameters / 1e6:.1f}M params"
+
+
+class ModelHeader(Static):
+    """One line naming the model and where it runs; it says "loading" until the model is ready."""
+
+    def on_mount(self) -> None:
+        self.update(Content.assemble(("minfer-chat", "bold"), "  loading the model…"))
+
+    def show_model(self, info: ModelInfo) -> None:
+        self.update(
+            Content.assemble(
+                (info.name, "bold"),
+                f"  {info.architecture} · {describe_parameters(info.n_parameters)} · "
+                f"{describe_quant_mix(info.quant_mix)} · {info.backend} on {info.device}",
+            )
+        )
+
+
+class LoadingPanel(Vertical):
+    """What the conversation area shows while the weights load: the model asked for and a progress bar."""
+
+    def __init__(self, model_label: str) -> None:
+        super().__init__()
+        self.model_label = model_label
+
+    def compose(self) -> ComposeResult:
+        yield Label(Content(f"Loading {self.model_label}…"))
+        yield ProgressBar(show_eta=False)
+
+    def show_progress(self, done_bytes: int, total_bytes: int) -> None:
+        self.query_one(ProgressBar).update(total=total_bytes, progress=done_bytes)
+
+
+class UserMessage(Static):
+    """A message the user sent, shown as typed."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Content(text), classes="message")
+        self.border_title = "you"
+
+
+class AssistantMessage(Vertical):
+    """A reply: plain text while it streams (cheap to update per token), Markdown once complete."""
+
+    def __init__(self) -> None:
+        super().__init__(classes="message")
+        self.border_title = "assistant"
+        self.text = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="streaming")
+
+    def append(self, piece: str) -> None:
+        self.text += piece
+        self.query_one(".streaming", Static).update(Content(self.text))
+
+    async def complete(self, text: str, stop_reason: str) -> None:
+        """Show the finished reply as Markdown, with a note when it did not end on its own."""
+        self.text = text
+        await self.query_one(".streaming").remove()
+        await self.mount(Markdown(text) if text.strip() else Static("(empty reply)", classes="empty"))
+        self.border_subtitle = STOP_NOTES.get(stop_reason, "")
+
+
+class Notice(Static):
+    """A line from the app in the conversation: command output, a notice, or an error (class "error")."""
+
+
+class PromptInput(TextArea):
+    """The message box: Enter sends, Ctrl+J starts a new line, Up and Down walk the sent-message history.
+
+    Shift+Enter and Alt+Enter also start a new line in terminals that report them. Pasted text keeps
+    its line breaks. The app decides whether to take a submission; when it does, it calls `commit()`.
+    """
+
+    BINDINGS = [("up", "history_back"), ("down", "history_forward")]
+    NEWLINE_KEYS = frozenset({"ctrl+j", "shift+enter", "alt+enter"})
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 (textual's name for it)
+        super().__init__(id=id, soft_wrap=True, compact=True, highlight_cursor_line=False, disabled=True)
+        self.history: list[str] = []
+        self._history_position = 0  # index into history; len(history) means "the draft being typed"
+        self._draft = ""
+
+    async def _on_key(self, event: Key) -> None:
+        # TextArea inserts a newline on Enter; we take Enter to send, so handle it before TextArea does.
+        if event.key == "enter":
+            event.prevent_default()
+            self.post_message(self.Submitted(self.text))
+        elif event.key in self.NEWLINE_KEYS:
+            event.prevent_default()
+            self.insert("\n")
+
+    def commit(self) -> None:
+        """The app took the text: remember it in the history and empty the box."""
+        if not self.history or self.history[-1] != self.text:
+            self.history.append(self.text)
+        self._history_position = len(self.history)
+        self._draft = ""
+        self.clear()
+
+    def action_history_back(self) -> None:
+        if not self.cursor_at_first_line or self._history_position == 0:
+            self.action_cursor_up()
+            return
+        if self._history_position == len(self.history):
+            self._draft = self.text
+        self._history_position -= 1
+        self._show(self.history[self._history_position])
+
+    def action_history_forward(self) -> None:
+        if not self.cursor_at_last_line or self._history_position == len(self.history):
+            self.action_cursor_down()
+            return
+        self._history_position += 1
+        at_draft = self._history_position == len(self.history)
+        self._show(self._draft if at_draft else self.history[self._history_position])
+
+    def _show(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+
+class StatusLine(Static):
+    """Speeds of the last reply, context use and backend, plus a reminder of the keys."""
+
+    prompt_speed: reactive[float | None] = reactive(None)  # tokens/s of the last prefill
+    generation_speed: reactive[float | None] = reactive(None)  # tokens/s of the last reply
+    context_used: reactive[int] = reactive(0)
+    ctx_size: reactive[int] = reactive(0)
+    backend: reactive[str] = reactive("")
+    streaming: reactive[bool] = reactive(False)
+
+    def show_reply(self, stats: GenerationStats, context_used: int) -> None:
+        self.prompt_speed = stats.prompt_tokens_per_second if stats.prompt_tokens else None
+        self.generation_speed = stats.generation_tokens_per_second if stats.generated_tokens else None
+        self.context_used = context_used
+
+    def render(self) -> Content:
+        def speed(value: float | None) -> str:
+            return "–" if value is None else f"{value:.1f} tok/s"
+
+        keys = "Esc stops the reply" if self.streaming else "Enter send · Ctrl+J new line · /help"
+        return Content.assemble(
+            f"prompt {speed(self.prompt_speed)} · generation {speed(self.generation_speed)} · "
+            f"context {self.context_used}/{self.ctx_size} · {self.backend}",
+            "  ",
+            (keys, "dim"),
+        )
