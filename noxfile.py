@@ -110,7 +110,12 @@ def reference(session: nox.Session) -> None:
 
 @nox.session
 def tokenizer_fixture(session: nox.Session) -> None:
-    """Regenerate the tokenizer fixture: token ids from an independent implementation, committed as JSON."""
-    session.install(f"./{RUNTIME}", "transformers", "sentencepiece", "protobuf")
+    """Regenerate the tokenizer fixture: token ids from llama.cpp (cross-checked with transformers), as JSON.
+
+    llama-cpp-python compiles llama.cpp from source here: about 15 minutes on 2 cores.
+    """
+    session.install(
+        f"./{RUNTIME}", "llama-cpp-python==0.3.36", "torch==2.13.0", "transformers", "sentencepiece", "protobuf"
+    )
     install_default_model(session)
     session.run("python", "tools/make_tokenizer_fixture.py", *session.posargs)

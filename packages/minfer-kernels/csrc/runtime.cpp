@@ -49,7 +49,33 @@ bool is_sticky(cudaError_t err) {
     }
 }
 
+// Errors that say CUDA cannot run here at all (no GPU, no driver, a driver too old): every call
+// returns them, so they are nobody's latched error. device_count() is 0 on such a machine.
+bool is_unavailable(cudaError_t err) {
+    switch (err) {
+        case cudaErrorNoDevice:
+        case cudaErrorInsufficientDriver:
+        case cudaErrorInitializationError:
+        case cudaErrorStubLibrary:
+        case cudaErrorSystemDriverMismatch:
+        case cudaErrorCompatNotSupportedOnDevice:
+        case cudaErrorDevicesUnavailable:
+            return true;
+        default:
+            return false;
+    }
+}
+
+[[noreturn]] void throw_unavailable(cudaError_t err, const std::string& observer) {
+    cudaGetLastError();
+    throw CudaFailure(err, observer,
+                      observer + " cannot run: CUDA is not usable on this machine: " + describe(err) +
+                          " (minfer_kernels.device_count() is 0 here)",
+                      false);
+}
+
 [[noreturn]] void throw_latched(cudaError_t err, const std::string& observer) {
+    if (is_unavailable(err)) throw_unavailable(err, observer);
     const long long count = ++latched_errors;
     std::string message = observer + " found " + describe(err) +
                           ", latched by an earlier call or kernel: not evidence about " + observer +
@@ -92,6 +118,7 @@ void sync(cudaStream_t stream) {
     const cudaError_t latched = cudaGetLastError();
     const cudaError_t drained = cudaStreamSynchronize(stream);
     if (latched != cudaSuccess) {
+        if (is_unavailable(latched)) throw_unavailable(latched, "sync()");
         // Reported first because it happened first; the drain's own result rides along.
         const long long count = ++latched_errors;
         std::string message = "sync() found " + describe(latched) +

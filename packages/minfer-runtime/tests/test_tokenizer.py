@@ -77,8 +77,8 @@ def synthetic_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 
 
 @pytest.fixture(scope="module")
-def default_tokenizer(default_model_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf(GGUFFile(default_model_path))
+def default_tokenizer(default_model_gguf: GGUFFile) -> Tokenizer:
+    return Tokenizer.from_gguf(default_model_gguf)
 
 
 def vocab_sha256(vocab_size: int) -> str:
@@ -139,10 +139,9 @@ def test_default_model_known_ids(default_tokenizer):
     assert default_tokenizer.token_text(IM_END) == "<|im_end|>"
 
 
-def test_default_model_builds_fast(default_model_path):
-    gguf_file = GGUFFile(default_model_path)
+def test_default_model_builds_fast(default_model_gguf):
     start = time.perf_counter()
-    Tokenizer.from_gguf(gguf_file)
+    Tokenizer.from_gguf(default_model_gguf)
     assert time.perf_counter() - start < 2.0  # about 0.3 s on a laptop; generous for a busy CI machine
 
 

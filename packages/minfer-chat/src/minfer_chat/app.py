@@ -93,7 +93,7 @@ class ChatApp(App[None]):
             "max-tokens": self.set_max_tokens,
             "save": self.save_conversation,
             "stats": self.show_stats,
-            "quit": self.quit,
+            "quit": self.quit_app,
         }
 
     def compose(self) -> ComposeResult:
@@ -167,10 +167,9 @@ class ChatApp(App[None]):
             prompt.commit()
             self.notice(str(exc), error=True)
 
-    def notice(self, text: str | Content, *, error: bool = False) -> None:
-        self.query_one("#conversation").mount(Notice(Content(text) if isinstance(text, str) else text))
-        if error:
-            self.query_one("#conversation").children[-1].add_class("error")
+    def notice(self, text: str, *, error: bool = False) -> None:
+        """Add a line from the app (command output, a notice, an error) to the conversation."""
+        self.query_one("#conversation").mount(Notice(Content(text), classes="error" if error else ""))
 
     # -- replies ----------------------------------------------------------------------------------
 
@@ -314,6 +313,6 @@ class ChatApp(App[None]):
         ]
         self.notice("\n".join(lines))
 
-    def quit(self, command: SlashCommand, argument: str) -> None:
+    def quit_app(self, command: SlashCommand, argument: str) -> None:
         self._stop_requested.set()
         self.exit()

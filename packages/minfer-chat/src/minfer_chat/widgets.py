@@ -5,6 +5,8 @@ They only display what the app hands them; none of them talks to the engine.
 
 from __future__ import annotations
 
+import re
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
@@ -17,6 +19,13 @@ from minfer import GenerationStats, ModelInfo
 
 # Why a reply ended, in the words shown under it ("eos" needs no note: the model finished).
 STOP_NOTES = {"cancelled": "stopped", "length": "reached the reply limit (/max-tokens)"}
+
+# Control characters other than tab and newline: a model can emit them, and a terminal would act on them.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    return CONTROL_CHARACTERS.sub("", text)
 
 
 def describe_quant_mix(quant_mix: dict[str, int]) -> str:
@@ -82,13 +91,14 @@ class AssistantMessage(Vertical):
 
     def append(self, piece: str) -> None:
         self.text += piece
-        self.query_one(".streaming", Static).update(Content(self.text))
+        self.query_one(".streaming", Static).update(Content(printable(self.text)))
 
     async def complete(self, text: str, stop_reason: str) -> None:
         """Show the finished reply as Markdown, with a note when it did not end on its own."""
         self.text = text
         await self.query_one(".streaming").remove()
-        await self.mount(Markdown(text) if text.strip() else Static("(empty reply)", classes="empty"))
+        shown = printable(text)
+        await self.mount(Markdown(shown) if shown.strip() else Static("(empty reply)", classes="empty"))
         self.border_subtitle = STOP_NOTES.get(stop_reason, "")
 
 
@@ -112,8 +122,14 @@ class PromptInput(TextArea):
             self.text = text
 
     def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 (textual's name for it)
-        super().__init__(id=id, soft_wrap=True, compact=True, highlight_cursor_line=False, disabled=True)
-        self.history: list[str] = []
+        super().__init__(
+            id=id,
+            soft_wrap=True,
+            highlight_cursor_line=False,
+            placeholder="Message (Enter sends, Ctrl+J new line, /help for commands)",
+            disabled=True,
+        )
+        self.input_history: list[str] = []
         self._history_position = 0  # index into history; len(history) means "the draft being typed"
         self._draft = ""
 
@@ -128,9 +144,9 @@ class PromptInput(TextArea):
 
     def commit(self) -> None:
         """The app took the text: remember it in the history and empty the box."""
-        if not self.history or self.history[-1] != self.text:
-            self.history.append(self.text)
-        self._history_position = len(self.history)
+        if not self.input_history or self.input_history[-1] != self.text:
+            self.input_history.append(self.text)
+        self._history_position = len(self.input_history)
         self._draft = ""
         self.clear()
 
@@ -138,18 +154,18 @@ class PromptInput(TextArea):
         if not self.cursor_at_first_line or self._history_position == 0:
             self.action_cursor_up()
             return
-        if self._history_position == len(self.history):
+        if self._history_position == len(self.input_history):
             self._draft = self.text
         self._history_position -= 1
-        self._show(self.history[self._history_position])
+        self._show(self.input_history[self._history_position])
 
     def action_history_forward(self) -> None:
-        if not self.cursor_at_last_line or self._history_position == len(self.history):
+        if not self.cursor_at_last_line or self._history_position == len(self.input_history):
             self.action_cursor_down()
             return
         self._history_position += 1
-        at_draft = self._history_position == len(self.history)
-        self._show(self._draft if at_draft else self.history[self._history_position])
+        at_draft = self._history_position == len(self.input_history)
+        self._show(self._draft if at_draft else self.input_history[self._history_position])
 
     def _show(self, text: str) -> None:
         self.load_text(text)
@@ -175,10 +191,8 @@ class StatusLine(Static):
         def speed(value: float | None) -> str:
             return "–" if value is None else f"{value:.1f} tok/s"
 
-        keys = "Esc stops the reply" if self.streaming else "Enter send · Ctrl+J new line · /help"
         return Content.assemble(
             f"prompt {speed(self.prompt_speed)} · generation {speed(self.generation_speed)} · "
             f"context {self.context_used}/{self.ctx_size} · {self.backend}",
-            "  ",
-            (keys, "dim"),
+            ("  Esc stops the reply" if self.streaming else "", "bold"),
         )

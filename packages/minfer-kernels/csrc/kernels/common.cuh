@@ -20,7 +20,7 @@ constexpr unsigned FULL_WARP = 0xffffffffu;
 
 // Number of blocks of `block` threads that cover `n` items: the last block may be partly idle, which is
 // why every kernel guards its index.
-constexpr int ceil_div(int n, int block) { return (n + block - 1) / block; }
+__host__ __device__ constexpr int ceil_div(int n, int block) { return (n + block - 1) / block; }
 
 // Sum of `value` over the 32 lanes of a warp; every lane gets the result. Butterfly (xor) shuffles: five
 // register exchanges, no shared memory. The whole warp must call it.

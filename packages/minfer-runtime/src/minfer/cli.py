@@ -146,7 +146,12 @@ model). Without a PROMPT, it is read from stdin."""
 
 
 def looks_like_model(text: str) -> bool:
-    return text in KNOWN_MODELS or text.endswith(".gguf") or Path(text).is_file()
+    if text in KNOWN_MODELS or text.endswith(".gguf"):
+        return True
+    try:
+        return Path(text).is_file()
+    except OSError:  # a long prompt is no file name (ENAMETOOLONG)
+        return False
 
 
 def split_run_args(values: Sequence[str]) -> tuple[str, str | None]:

@@ -107,7 +107,11 @@ def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
             )
         return path
     path = Path(text).expanduser()
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # too long to be a file name (ENAMETOOLONG)
+        exists = False
+    if exists:
         return path
     if path.suffix == ".gguf" or os.sep in text:
         raise ModelFileError(f"{path}: no such file")

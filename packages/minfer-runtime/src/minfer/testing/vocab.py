@@ -7,7 +7,7 @@ English + code corpus, and unused padding tokens up to the requested size.
 
 The merges are learned by a tiny pure-Python BPE trainer whose every tie is
 broken by a fixed rule, so the same call writes the same bytes on every run
-and every platform (tests record hashes of these files).
+and every platform (the tokenizer fixture records a hash of the vocabulary).
 """
 
 from __future__ import annotations
@@ -197,7 +197,6 @@ console.log(result);
 # Words for learning merges: a stdlib approximation of GPT-2's split (letters,
 # digits, punctuation runs, whitespace), good enough to shape the merges.
 _WORD_PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
-_MAX_LEARNED_MERGES = 20000
 
 
 def add_tokenizer_metadata(
@@ -211,8 +210,8 @@ def add_tokenizer_metadata(
     """Write a complete byte-level BPE tokenizer of exactly `vocab_size` tokens into `writer`.
 
     Token ids: 0..2 the ChatML control tokens, then the 256 byte symbols, then
-    one token per learned merge, then `<|extra_N|>` padding marked UNUSED (no
-    merge produces them and llama.cpp never matches UNUSED tokens in text).
+    the tokens the learned merges make, then `<|extra_N|>` padding marked UNUSED
+    (no merge produces them and llama.cpp never matches UNUSED tokens in text).
     BOS is `<|im_start|>` and EOS `<|im_end|>`, as in SmolLM2.
     """
     if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
@@ -258,10 +257,10 @@ def learned_merges() -> tuple[tuple[str, str], ...]:
     word_counts = Counter(
         tuple(BYTE_TO_CHAR[b] for b in word.encode("utf-8")) for word in _WORD_PATTERN.findall(CORPUS)
     )
-    return tuple(_train_bpe(word_counts, _MAX_LEARNED_MERGES))
+    return tuple(_train_bpe(word_counts))
 
 
-def _train_bpe(word_counts: Counter[tuple[str, ...]], max_merges: int) -> list[tuple[str, str]]:
+def _train_bpe(word_counts: Counter[tuple[str, ...]]) -> list[tuple[str, str]]:
     """Classic BPE training with incremental pair counts.
 
     The next merge is the pair with the highest count; ties go to the pair that
@@ -280,7 +279,7 @@ def _train_bpe(word_counts: Counter[tuple[str, ...]], max_merges: int) -> list[t
     heap = [(-count, pair) for pair, count in pair_counts.items()]
     heapq.heapify(heap)
     merges: list[tuple[str, str]] = []
-    while heap and len(merges) < max_merges:
+    while heap:
         negative_count, pair = heapq.heappop(heap)
         if pair_counts.get(pair, 0) != -negative_count:
             continue

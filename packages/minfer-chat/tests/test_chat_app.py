@@ -1,0 +1,188 @@
+"""minfer-chat driven through textual's pilot on a real engine: loading, replies, Esc, multi-turn, input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from chat_steps import (
+    GREEDY,
+    TERMINAL_SIZE,
+    chat_app,
+    notices,
+    replies,
+    run_async,
+    submit,
+    type_text,
+    user_messages,
+    wait_for,
+    wait_until_idle,
+    wait_until_loaded,
+)
+
+import minfer
+from minfer_chat.widgets import AssistantMessage, ModelHeader, PromptInput, StatusLine
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@run_async
+async def test_header_names_the_model_once_loaded(tiny_model):
+    app = chat_app(tiny_model)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        header = str(app.query_one(ModelHeader).content)
+        info = app.chat.engine.info
+        for fact in (info.name, "llama", "Q8_0 ×16, F32 ×5", "cpu", "CPU (numpy)"):
+            assert fact in header
+        assert app.query_one(PromptInput).has_focus
+
+
+@run_async
+async def test_missing_model_exits_with_its_one_line_error(tmp_path):
+    app = chat_app(tmp_path / "missing.gguf")
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_idle(pilot)
+    assert app.return_code == 1
+    assert app.load_error == f"{tmp_path / 'missing.gguf'}: no such file"
+
+
+@run_async
+async def test_reply_streams_piece_by_piece_then_shows_as_markdown(tiny_model, monkeypatch):
+    streamed: list[str] = []
+    append = AssistantMessage.append
+    monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (streamed.append(piece), append(self, piece)))
+    app = chat_app(tiny_model, max_tokens=12)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await submit(pilot, "Hello there")
+
+        # What the engine says to the same message, outside the app.
+        expected = "".join(minfer.load(tiny_model, backend="cpu").chat(sampling=GREEDY, max_tokens=12).send("Hello there"))
+        assert len(streamed) > 1 and "".join(streamed) == expected
+        assert user_messages(app) == ["Hello there"]
+        [reply] = replies(app)
+        assert reply.text == expected and reply.query("Markdown")
+        assert app.chat.messages == [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": expected},
+        ]
+        assert app.query_one(PromptInput).text == ""
+
+
+@run_async
+async def test_status_line_shows_speeds_context_and_backend(tiny_model):
+    app = chat_app(tiny_model)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        status = app.query_one(StatusLine)
+        assert status.prompt_speed is None and status.context_used == 0
+        await submit(pilot, "Hi")
+        assert status.prompt_speed > 0 and status.generation_speed > 0
+        assert (status.context_used, status.ctx_size) == (app.chat.context_used, 512)
+        assert f"context {app.chat.context_used}/512 · cpu" in str(status.render())
+
+
+@run_async
+async def test_second_turn_prefills_only_its_own_tokens(tiny_model):
+    app = chat_app(tiny_model)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await submit(pilot, "The first message")
+        first_turn = app.chat.messages
+        await submit(pilot, "And a second one")
+
+        # Independently of the session: render both conversations with the template; the text the
+        # second adds after what is cached (the first prompt and its reply) is all that needs prefilling.
+        engine = app.chat.engine
+        cached_text = engine.template.render(first_turn[:1], add_generation_prompt=True) + first_turn[1]["content"]
+        second_prompt = engine.template.render(app.chat.messages[:3], add_generation_prompt=True)
+        assert second_prompt.startswith(cached_text)
+        new_tokens = engine.tokenizer.encode(second_prompt[len(cached_text) :], add_bos=False)
+        assert app.chat.last.stats.prompt_tokens == len(new_tokens)
+        assert len(new_tokens) < len(engine.tokenizer.encode(second_prompt))
+
+
+@run_async
+async def test_escape_stops_the_reply_and_keeps_its_text(long_context_model, monkeypatch):
+    first_piece = asyncio.Event()
+    append = AssistantMessage.append
+    monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (first_piece.set(), append(self, piece)))
+    app = chat_app(long_context_model, max_tokens=8000)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await type_text(pilot, "Tell me everything")
+        await pilot.press("enter")
+        await wait_for(first_piece)
+        assert app.streaming
+
+        # Sending while a reply streams is refused, and the typed text stays in the box.
+        await type_text(pilot, "more")
+        await pilot.press("enter")
+        assert "press Esc to stop it" in notices(app, errors_only=True)[-1]
+        assert app.query_one(PromptInput).text == "more"
+
+        await pilot.press("escape")
+        await wait_until_idle(pilot)
+        assert not app.streaming
+        stats = app.chat.last.stats
+        assert stats.stop_reason == "cancelled" and 0 < stats.generated_tokens < 8000
+        [reply] = replies(app)
+        assert reply.text == app.chat.messages[-1]["content"] == app.chat.last.text != ""
+        assert reply.border_subtitle == "stopped"
+
+
+@run_async
+async def test_next_message_after_escape_reuses_the_cache(long_context_model, monkeypatch):
+    first_piece = asyncio.Event()
+    append = AssistantMessage.append
+    monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (first_piece.set(), append(self, piece)))
+    app = chat_app(long_context_model, max_tokens=8000)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await type_text(pilot, "Go on")
+        await pilot.press("enter")
+        await wait_for(first_piece)
+        await pilot.press("escape")
+        await wait_until_idle(pilot)
+        context_after_stop = app.chat.context_used
+
+        app.chat.max_tokens = 4
+        await submit(pilot, "Thanks")
+        assert len(replies(app)) == 2
+        assert app.chat.last.stats.prompt_tokens < app.chat.context_used - context_after_stop
+
+
+@run_async
+async def test_full_context_drops_the_oldest_turns_with_a_notice(tiny_model):
+    app = chat_app(tiny_model, ctx_size=96, max_tokens=24)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        for text in ("one", "two", "three", "four"):
+            await submit(pilot, text)
+        assert app.chat.context_used + app.chat.max_tokens <= 96
+        assert any("The context is full" in notice for notice in notices(app))
+        dropped = [str(w.content) for w in app.query(".message.dropped") if w.has_class("message") and w.content]
+        assert "one" in dropped
+        assert len(replies(app)) == 4  # dropped turns stay on screen, greyed out
+
+
+@run_async
+async def test_history_and_multiline_entry(tiny_model):
+    app = chat_app(tiny_model, max_tokens=2)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await submit(pilot, "first")
+        await submit(pilot, "two\nlines")
+        assert app.chat.messages[2] == {"role": "user", "content": "two\nlines"}
+
+        box = app.query_one(PromptInput)
+        await type_text(pilot, "draft")
+        await pilot.press("up")
+        assert box.text == "two\nlines"
+        await pilot.press("up", "up")  # the cursor leaves the second line first, then the history moves on
+        assert box.text == "first"
+        await pilot.press("down")
+        assert box.text == "two\nlines"
+        await pilot.press("down", "down")
+        assert box.text == "draft"

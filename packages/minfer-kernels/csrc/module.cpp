@@ -1,0 +1,299 @@
+// minfer_kernels._C: the nanobind module, the FFI seam between Python and the device layer.
+//
+// Keep it thin: every function here converts its arguments, calls one runtime.hpp function or one
+// launcher, and converts the result. No decision is taken here.
+//
+// Conventions of the Python side:
+//   - device pointers and streams are Python ints (DeviceBuffer.ptr, Stream.handle; 0 is the legacy
+//     default stream);
+//   - host memory is a C-contiguous numpy array, never converted or copied behind the caller's back;
+//   - CUDA failures raise minfer_kernels.CudaError (defined in Python, _errors.py); arguments a launcher
+//     refuses, and copies that do not fit, raise ValueError before any CUDA call.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include "launchers.h"
+#include "minfer_build_info.h"
+#include "runtime.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+cudaStream_t as_stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+using HostArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using MutableHostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+// How a launcher parameter looks from Python: pointers (cudaStream_t is one too) are ints, the rest
+// (int, float) stays as it is.
+template <typename T>
+struct PyParam {
+    using type = T;
+    static T to_c(type value) { return value; }
+};
+template <typename T>
+struct PyParam<T*> {
+    using type = std::uintptr_t;
+    static T* to_c(type value) { return reinterpret_cast<T*>(value); }
+};
+
+// Binds one launcher. Around the call, the error model: an error already pending is latched (reported
+// as such, not blamed on this launch); the launcher's own return is checked right after the launch.
+template <typename... Params, typename... Extra>
+void def_launcher(nb::module_& module, const char* name, const char* launcher_name,
+                  cudaError_t (*launcher)(Params...), const char* doc, const Extra&... extra) {
+    module.def(
+        name,
+        [launcher, launcher_name](typename PyParam<Params>::type... args) {
+            minfer::raise_if_latched(launcher_name);
+            minfer::check_launch(launcher(PyParam<Params>::to_c(args)...), launcher_name);
+        },
+        extra..., doc);
+}
+
+#define MINFER_LAUNCHER(module, name, launcher, doc, ...) \
+    def_launcher(module, name, #launcher, &launcher, doc, __VA_ARGS__)
+
+nb::dict build_info() {
+    nb::dict info;
+    info["archs_sass"] = MINFER_BUILD_ARCHS_SASS;
+    info["archs_ptx"] = MINFER_BUILD_ARCHS_PTX;
+    info["archs_probed"] = MINFER_BUILD_ARCHS_PROBED;
+    info["arch_request"] = MINFER_BUILD_ARCH_REQUEST;
+    info["nvcc"] = MINFER_BUILD_NVCC;
+    info["nvcc_version"] = MINFER_BUILD_NVCC_VERSION;
+    info["host_compiler"] = MINFER_BUILD_HOST_COMPILER;
+    info["cudart"] = MINFER_BUILD_CUDART;
+    info["cudart_path"] = MINFER_BUILD_CUDART_PATH;
+    info["runtime_version"] = minfer::runtime_version();
+    info["driver_version"] = minfer::driver_version();
+    return info;
+}
+
+nb::dict device_properties(int index) {
+    const minfer::DeviceProperties p = minfer::device_properties(index);
+    nb::dict out;
+    out["index"] = p.index;
+    out["name"] = p.name;
+    out["compute_capability"] = nb::make_tuple(p.major, p.minor);
+    out["sm_count"] = p.sm_count;
+    out["total_memory"] = p.total_memory;
+    out["l2_cache_bytes"] = p.l2_cache_bytes;
+    out["max_shared_memory_per_block"] = p.max_shared_memory_per_block;
+    return out;
+}
+
+void bind_runtime(nb::module_& m) {
+    m.def("build_info", &build_info, "The build's facts (archs, nvcc, host compiler, cudart) as strings.");
+    m.def("device_count", &minfer::device_count, "Number of CUDA devices; 0 without a GPU or driver.");
+    m.def("unavailable_reason", &minfer::unavailable_reason, "Why device_count() is 0; '' when it is not.");
+    m.def("device_properties", &device_properties, "index"_a, "Name, capability, SMs, memory of one device.");
+    m.def("set_device", &minfer::set_device, "index"_a, "Make `index` this thread's current device.");
+    m.def("mem_info", &minfer::mem_info, "(free, total) bytes of the current device.");
+    m.def("latched_errors", &minfer::latched_error_count, "How many latched errors this process observed.");
+    m.def(
+        "sync",
+        [](std::uintptr_t stream) {
+            nb::gil_scoped_release released;
+            minfer::sync(as_stream(stream));
+        },
+        "stream"_a = 0,
+        "The drain point: report any latched error, wait for `stream` to finish, report its errors.");
+    m.def(
+        "copy_d2d",
+        [](std::uintptr_t dst, std::uintptr_t src, std::size_t nbytes, std::uintptr_t stream) {
+            minfer::copy_device_to_device(dst, src, nbytes, as_stream(stream));
+        },
+        "dst"_a, "src"_a, "nbytes"_a, "stream"_a, "Enqueue a device-to-device copy of raw pointers on `stream`.");
+
+    nb::class_<minfer::DeviceBuffer>(m, "DeviceBuffer", "Device memory (cudaMalloc), freed when dropped.")
+        .def(nb::init<std::size_t>(), "nbytes"_a)
+        .def_prop_ro("ptr", &minfer::DeviceBuffer::ptr, "The device address, for the launchers.")
+        .def_prop_ro("nbytes", &minfer::DeviceBuffer::nbytes)
+        .def(
+            "copy_from_host",
+            [](minfer::DeviceBuffer& self, const HostArray& src, std::uintptr_t stream, std::size_t offset) {
+                const void* data = src.data();
+                const std::size_t nbytes = src.nbytes();
+                nb::gil_scoped_release released;
+                self.copy_from_host(data, nbytes, offset, as_stream(stream), true);
+            },
+            "src"_a.noconvert(), "stream"_a = 0, "offset"_a = 0,
+            "Copy `src` into the buffer at byte `offset`, ordered after earlier work on `stream`; returns "
+            "when the copy is done.")
+        .def(
+            "copy_to_host",
+            [](const minfer::DeviceBuffer& self, const MutableHostArray& dst, std::uintptr_t stream,
+               std::size_t offset) {
+                void* data = dst.data();
+                const std::size_t nbytes = dst.nbytes();
+                nb::gil_scoped_release released;
+                self.copy_to_host(data, nbytes, offset, as_stream(stream), true);
+            },
+            "dst"_a.noconvert(), "stream"_a = 0, "offset"_a = 0,
+            "Fill `dst` from the buffer at byte `offset`, ordered after earlier work on `stream`; returns "
+            "when the copy is done.")
+        .def(
+            "copy_from_host_async",
+            [](minfer::DeviceBuffer& self, const HostArray& src, std::uintptr_t stream, std::size_t offset) {
+                self.copy_from_host(src.data(), src.nbytes(), offset, as_stream(stream), false);
+            },
+            "src"_a.noconvert(), "stream"_a, "offset"_a = 0,
+            "Enqueue the copy of `src` on `stream` and return. Keep `src` alive and unchanged until the "
+            "stream has passed the copy (use a PinnedBuffer's array for a truly asynchronous copy).")
+        .def(
+            "copy_to_host_async",
+            [](const minfer::DeviceBuffer& self, const MutableHostArray& dst, std::uintptr_t stream,
+               std::size_t offset) { self.copy_to_host(dst.data(), dst.nbytes(), offset, as_stream(stream), false); },
+            "dst"_a.noconvert(), "stream"_a, "offset"_a = 0,
+            "Enqueue the copy into `dst` on `stream` and return; `dst` is valid after a sync of `stream`.");
+
+    nb::class_<minfer::PinnedBuffer>(m, "PinnedBuffer", "Page-locked host memory (cudaHostAlloc), freed when dropped.")
+        .def(nb::init<std::size_t>(), "nbytes"_a)
+        .def_prop_ro("ptr", &minfer::PinnedBuffer::ptr)
+        .def_prop_ro("nbytes", &minfer::PinnedBuffer::nbytes)
+        .def(
+            "numpy",
+            [](minfer::PinnedBuffer& self) {
+                return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>>(self.data(), {self.nbytes()});
+            },
+            nb::rv_policy::reference_internal,
+            "A uint8 numpy view of the memory; it keeps the PinnedBuffer alive. Use .view(dtype) to retype.");
+
+    nb::class_<minfer::Event>(m, "Event", "A CUDA event: a marker recorded into a stream.")
+        .def(nb::init<bool>(), "timing"_a = true)
+        .def(
+            "record", [](minfer::Event& self, std::uintptr_t stream) { self.record(as_stream(stream)); },
+            "stream"_a = 0, "Record the event: it completes when the work enqueued before it on `stream` has.")
+        .def(
+            "synchronize",
+            [](minfer::Event& self) {
+                nb::gil_scoped_release released;
+                self.synchronize();
+            },
+            "Wait until the event has completed.")
+        .def("elapsed_ms", &minfer::Event::elapsed_ms, "end"_a, "GPU milliseconds from this event to `end`.");
+
+    nb::class_<minfer::Stream>(m, "Stream", "A non-blocking CUDA stream, destroyed when dropped.")
+        .def(nb::init<>())
+        .def_prop_ro("handle", &minfer::Stream::handle, "The cudaStream_t as an int, for every stream argument.")
+        .def(
+            "synchronize",
+            [](minfer::Stream& self) {
+                nb::gil_scoped_release released;
+                minfer::sync(self.get());
+            },
+            "sync(self.handle): the drain point for this stream.")
+        .def("wait", &minfer::Stream::wait, "event"_a, "Later work on this stream waits for `event`.");
+
+    nb::class_<minfer::Graph>(m, "Graph", "An instantiated CUDA graph (from end_capture), destroyed when dropped.")
+        .def(
+            "launch", [](minfer::Graph& self, std::uintptr_t stream) { self.launch(as_stream(stream)); }, "stream"_a,
+            "Replay every captured operation on `stream` as one launch.")
+        .def_prop_ro("node_count", &minfer::Graph::node_count, "Operations captured (kernels, copies).");
+
+    m.def(
+        "begin_capture", [](std::uintptr_t stream) { minfer::begin_capture(as_stream(stream)); }, "stream"_a,
+        "Start recording the work enqueued on `stream` (thread-local capture mode) instead of running it.");
+    m.def(
+        "end_capture", [](std::uintptr_t stream) { return minfer::end_capture(as_stream(stream)); }, "stream"_a,
+        "Stop recording and return the instantiated Graph.");
+    m.def(
+        "is_capturing", [](std::uintptr_t stream) { return minfer::is_capturing(as_stream(stream)); }, "stream"_a,
+        "Whether `stream` is in capture mode.");
+}
+
+void bind_kernels(nb::module_& k) {
+    k.def("row_bytes", &minfer_row_bytes, "type"_a, "n_values"_a,
+          "Bytes of one GGUF row of n_values values of GGML type `type`; -1 when unsupported or not whole blocks.");
+    k.def("attention_decode_workspace_bytes", &attention_decode_workspace_bytes, "n_heads"_a, "head_dim"_a,
+          "n_splits"_a, "Bytes of the workspace attention_decode_f32 needs.");
+
+    MINFER_LAUNCHER(k, "add_f32", launch_add_f32, "out[i] = a[i] + b[i]; out may alias a or b.", "a"_a, "b"_a,
+                    "out"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "mul_f32", launch_mul_f32, "out[i] = a[i] * b[i]; out may alias a or b.", "a"_a, "b"_a,
+                    "out"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "scale_f32", launch_scale_f32, "out[i] = x[i] * scale; out may alias x.", "x"_a, "out"_a,
+                    "scale"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "silu_f32", launch_silu_f32, "x[i] = x[i] / (1 + exp(-x[i])), in place.", "x"_a, "n"_a,
+                    "stream"_a);
+    MINFER_LAUNCHER(k, "swiglu_f32", launch_swiglu_f32,
+                    "out[r][i] = silu(gate[r*in_stride + i]) * up[r*in_stride + i] for rows x d; rows <= 65535.",
+                    "gate"_a, "up"_a, "out"_a, "rows"_a, "d"_a, "in_stride"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "add_bias_f32", launch_add_bias_f32, "y[r][i] += bias[i] over [rows][d]; rows <= 65535.",
+                    "y"_a, "bias"_a, "rows"_a, "d"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "rms_norm_f32", launch_rms_norm_f32,
+                    "out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight over [rows][d]; out may alias x.", "x"_a,
+                    "weight"_a, "out"_a, "rows"_a, "d"_a, "eps"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "rope_f32", launch_rope_f32,
+                    "Rotate x [n_tokens][n_heads*head_dim] in place by positions (device int32 [n_tokens]); "
+                    "mode 0 = normal (adjacent pairs), 2 = NeoX (halves); n_rot <= head_dim, even.",
+                    "x"_a, "positions"_a, "n_tokens"_a, "n_heads"_a, "head_dim"_a, "n_rot"_a, "freq_base"_a,
+                    "mode"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "embed_rows", launch_embed_rows,
+                    "out[t] = dequantized table[ids[t]] for a GGUF table of n_rows rows of d values (GGML type "
+                    "`type`); ids: device int32 [n_tokens]; an id outside the table traps.",
+                    "table"_a, "type"_a, "ids"_a, "out"_a, "n_tokens"_a, "d"_a, "n_rows"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "matmul", launch_matmul,
+                    "y[t][o] = sum_i W[o][i] * x[t][i]; W: GGUF bytes, out_features rows of in_features values of "
+                    "GGML type `type`; x [n_tokens][in_features], y [n_tokens][out_features], f32.",
+                    "weight"_a, "type"_a, "x"_a, "y"_a, "in_features"_a, "out_features"_a, "n_tokens"_a,
+                    "stream"_a);
+    MINFER_LAUNCHER(k, "kv_store_f32", launch_kv_store_f32,
+                    "k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t] (rows of kv_dim floats); "
+                    "positions: device int32 [n_tokens]; a position outside 0..n_ctx-1 traps.",
+                    "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "n_tokens"_a, "kv_dim"_a, "n_ctx"_a,
+                    "stream"_a);
+    MINFER_LAUNCHER(k, "attention_decode_f32", launch_attention_decode_f32,
+                    "One query token over cache rows 0..kv_len-1, kv_len read from a device int32: "
+                    "q/out [n_heads*head_dim], caches [n_ctx][n_kv_heads*head_dim]; the cache is cut in "
+                    "n_splits pieces merged through `workspace` (attention_decode_workspace_bytes).",
+                    "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "kv_len"_a, "workspace"_a, "n_heads"_a,
+                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "n_splits"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "attention_prefill_f32", launch_attention_prefill_f32,
+                    "Causal attention: query t (q/out [n_tokens][n_heads*head_dim]) over cache rows "
+                    "0..positions[t]; positions: device int32 [n_tokens].",
+                    "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
+                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "argmax_f32", launch_argmax_f32,
+                    "out[r] = argmax x[r] (int32, lowest index on ties) over [rows][n].", "x"_a, "out"_a, "rows"_a,
+                    "n"_a, "stream"_a);
+}
+
+// The Python class minfer_kernels.CudaError, held for the life of the process: never released, since
+// the interpreter may already be finalizing when C++ statics are destroyed.
+PyObject* cuda_error_type = nullptr;
+
+void translate_cuda_failure(const std::exception_ptr& exception, void*) {
+    try {
+        std::rethrow_exception(exception);
+    } catch (const minfer::CudaFailure& failure) {
+        const nb::handle type(cuda_error_type);
+        try {
+            const nb::object instance =
+                type(failure.what(), int(failure.code), cudaGetErrorName(failure.code), failure.call, failure.latched);
+            PyErr_SetObject(type.ptr(), instance.ptr());
+        } catch (nb::python_error& error) {
+            error.restore();
+        }
+    }
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+    m.doc() = "minfer's CUDA kernels and device runtime (see the minfer_kernels package for the public API).";
+
+    // CudaError is a Python class (minfer_kernels/_errors.py): typed fields, constructible in tests.
+    cuda_error_type = nb::object(nb::module_::import_("minfer_kernels._errors").attr("CudaError")).release().ptr();
+    nb::register_exception_translator(&translate_cuda_failure);
+
+    bind_runtime(m);
+    nb::module_ kernels = m.def_submodule("kernels", "The kernel launchers: device pointers and streams as ints.");
+    bind_kernels(kernels);
+}

@@ -1,0 +1,57 @@
+"""The kernel launchers of ``minfer_kernels._C``, one per ``extern "C"`` launcher in ``csrc/kernels``.
+
+Every launcher takes device pointers as ints (``DeviceBuffer.ptr``, plus a byte offset if you like),
+sizes as element counts, and the stream to enqueue on as an int (``Stream.handle``; 0 is the legacy
+default stream). It returns at once. It raises ``ValueError`` for arguments its kernel cannot handle
+(before launching), ``CudaError`` for a launch CUDA refuses, and ``CudaError(latched=True)`` when an
+earlier call or kernel left an error behind. ``help(kernels.matmul)`` shows each one's signature.
+
+Activations are float32 and token-major ``[n_tokens][d]``; weights and embedding tables are raw GGUF
+bytes with their GGML type id (``GGMLType``). Rows on a grid's y axis (``rows``, ``n_tokens``) are at
+most 65535 per launch.
+"""
+
+from __future__ import annotations
+
+from ._C import kernels as _kernels
+
+#: ``mode`` of ``rope_f32``: llama.cpp's LLAMA rope (adjacent pairs 2i, 2i+1).
+ROPE_NORMAL = 0
+#: ``mode`` of ``rope_f32``: GGML_ROPE_TYPE_NEOX (pairs i, i + n_rot/2).
+ROPE_NEOX = 2
+
+add_f32 = _kernels.add_f32
+mul_f32 = _kernels.mul_f32
+scale_f32 = _kernels.scale_f32
+silu_f32 = _kernels.silu_f32
+swiglu_f32 = _kernels.swiglu_f32
+add_bias_f32 = _kernels.add_bias_f32
+rms_norm_f32 = _kernels.rms_norm_f32
+rope_f32 = _kernels.rope_f32
+embed_rows = _kernels.embed_rows
+matmul = _kernels.matmul
+kv_store_f32 = _kernels.kv_store_f32
+attention_decode_f32 = _kernels.attention_decode_f32
+attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
+attention_prefill_f32 = _kernels.attention_prefill_f32
+argmax_f32 = _kernels.argmax_f32
+
+__all__ = [
+    "ROPE_NEOX",
+    "ROPE_NORMAL",
+    "add_bias_f32",
+    "add_f32",
+    "argmax_f32",
+    "attention_decode_f32",
+    "attention_decode_workspace_bytes",
+    "attention_prefill_f32",
+    "embed_rows",
+    "kv_store_f32",
+    "matmul",
+    "mul_f32",
+    "rms_norm_f32",
+    "rope_f32",
+    "scale_f32",
+    "silu_f32",
+    "swiglu_f32",
+]

@@ -1,0 +1,132 @@
+"""Shared by the kernel tests: device round trips, poisoned outputs, float64 references, error bounds.
+
+Every kernel test follows one recipe: random inputs (never zeros), outputs poisoned with NaN (or a
+sentinel for integers) before the launch so an element the kernel forgot to write cannot pass, the
+result compared with a numpy float64 reference under a stated relative error bound.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+import minfer_kernels as mk
+
+# Sizes that are not multiples of any block: 1, a prime-ish 33, Qwen2.5-0.5B's hidden (896), FFN (4864)
+# and vocabulary (151936) sizes, and 4097 (one past a power of two).
+SIZES = (1, 33, 896, 4097, 4864, 151936)
+
+requires_gpu = pytest.mark.skipif(
+    mk.device_count() == 0,
+    reason=f"needs an NVIDIA GPU and driver: minfer_kernels.device_count() == 0 ({mk.unavailable_reason()})",
+)
+
+INT_POISON = -12345
+
+GGUF_TYPES = {
+    mk.GGMLType.F32: gguf.GGMLQuantizationType.F32,
+    mk.GGMLType.F16: gguf.GGMLQuantizationType.F16,
+    mk.GGMLType.Q4_0: gguf.GGMLQuantizationType.Q4_0,
+    mk.GGMLType.Q4_1: gguf.GGMLQuantizationType.Q4_1,
+    mk.GGMLType.Q8_0: gguf.GGMLQuantizationType.Q8_0,
+}
+
+
+def to_device(array: np.ndarray, stream: mk.Stream) -> mk.DeviceBuffer:
+    return mk.upload(array, stream.handle)
+
+
+def poisoned(shape, dtype, stream: mk.Stream) -> mk.DeviceBuffer:
+    """A device buffer whose every element is NaN (floats) or INT_POISON (integers)."""
+    dtype = np.dtype(dtype)
+    fill = np.nan if dtype.kind == "f" else INT_POISON
+    return mk.upload(np.full(shape, fill, dtype), stream.handle)
+
+
+def from_device(buffer: mk.DeviceBuffer, shape, dtype, stream: mk.Stream) -> np.ndarray:
+    """Drain the stream (sync: any error surfaces here), then read the buffer back."""
+    mk.sync(stream.handle)
+    return mk.download(buffer, shape, dtype, stream.handle)
+
+
+def randn(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def assert_close(got, ref, rtol: float, scale=None, what: str = "") -> None:
+    """|got - ref| <= rtol * scale elementwise; scale defaults to |ref| (a plain relative error)."""
+    got = np.asarray(got, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    finite = np.isfinite(got)
+    if not finite.all():
+        first = np.unravel_index(np.argmin(finite), got.shape)
+        raise AssertionError(
+            f"{what}: {np.count_nonzero(~finite)} non-finite outputs (unwritten poison?), first at {first}"
+        )
+    scale = np.abs(ref) if scale is None else np.broadcast_to(np.asarray(scale, np.float64), ref.shape)
+    error = np.abs(got - ref)
+    bad = error > rtol * scale
+    if bad.any():
+        ratio = error / np.maximum(scale, np.finfo(np.float64).tiny)
+        worst = np.unravel_index(np.argmax(ratio), got.shape)
+        raise AssertionError(
+            f"{what}: {np.count_nonzero(bad)} of {got.size} values beyond rtol {rtol:g}; worst at {worst}: "
+            f"got {got[worst]!r}, reference {ref[worst]!r}, error/scale {ratio[worst]:.3g}"
+        )
+
+
+def quantize(weights: np.ndarray, ggml_type: mk.GGMLType) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes [rows][row_bytes] from gguf.quants.quantize, their values from gguf.quants.dequantize)."""
+    qtype = GGUF_TYPES[ggml_type]
+    encoded = np.ascontiguousarray(gguf.quants.quantize(weights, qtype))  # float32, float16 or uint8 rows
+    raw = encoded.view(np.uint8)
+    rows, n = weights.shape
+    assert raw.shape == (rows, mk.row_bytes(ggml_type, n)), "the kernels' row size disagrees with GGUF"
+    values = gguf.quants.dequantize(encoded, qtype).astype(np.float32).reshape(rows, n)
+    return raw, values
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / (1.0 + np.exp(-x))
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(np.float64)
+
+
+def rope(x, positions, n_heads, head_dim, n_rot, freq_base, mode):
+    """(rotated x, per-element error scale |a| + |b| of the element's pair) as in llama.cpp's rope."""
+    n_tokens = x.shape[0]
+    heads = x.reshape(n_tokens, n_heads, head_dim).astype(np.float64)
+    out = heads.copy()
+    scale = np.abs(heads).copy()
+    half = n_rot // 2
+    p = np.arange(half)
+    theta = positions.astype(np.float64)[:, None] * freq_base ** (-2.0 * p / n_rot)  # [n_tokens][half]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    first, second = (p, p + half) if mode == mk.kernels.ROPE_NEOX else (2 * p, 2 * p + 1)
+    a, b = heads[:, :, first], heads[:, :, second]
+    out[:, :, first] = a * cos - b * sin
+    out[:, :, second] = a * sin + b * cos
+    scale[:, :, first] = scale[:, :, second] = np.abs(a) + np.abs(b)
+    return out.reshape(x.shape), scale.reshape(x.shape)
+
+
+def attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim):
+    """Causal GQA attention over the cache: query t sees rows 0..positions[t]; float64 softmax."""
+    n_tokens = q.shape[0]
+    group = n_heads // n_kv_heads
+    out = np.empty((n_tokens, n_heads, head_dim))
+    qh = q.reshape(n_tokens, n_heads, head_dim).astype(np.float64)
+    for t, position in enumerate(positions):
+        keys = k_cache[: position + 1].reshape(position + 1, n_kv_heads, head_dim).astype(np.float64)
+        values = v_cache[: position + 1].reshape(position + 1, n_kv_heads, head_dim).astype(np.float64)
+        for h in range(n_heads):
+            scores = keys[:, h // group, :] @ qh[t, h] / np.sqrt(head_dim)
+            weights = np.exp(scores - scores.max())
+            out[t, h] = weights @ values[:, h // group, :] / weights.sum()
+    return out.reshape(n_tokens, n_heads * head_dim)

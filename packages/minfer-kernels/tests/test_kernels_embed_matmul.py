@@ -1,0 +1,118 @@
+"""Embedding lookup and matrix products, reading weights in their GGUF byte layout.
+
+Tables and weights are random, quantized with gguf.quants.quantize; the reference is computed from
+gguf.quants.dequantize of those same bytes, so the kernels are checked against GGUF's own decoder.
+
+Error bounds:
+    embed_rows   exact: bit-identical to gguf.quants.dequantize for every type
+    matmul       |y - y_ref| <= rtol * sum_i |W[o,i] x[t,i]| (the condition of a float32 dot product),
+                 rtol per type below: every decoded weight is exact in float32, so what remains is the
+                 float32 accumulation of up to 4864 products (Q4_1 adds m * sum(x), a second product).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from kernel_testing import assert_close, from_device, poisoned, quantize, randn, requires_gpu, to_device
+
+import minfer_kernels as mk
+from minfer_kernels import kernels
+
+pytestmark = requires_gpu
+
+QUANTIZED = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q8_0)
+FLOATS = (mk.GGMLType.F32, mk.GGMLType.F16)
+
+MATMUL_RTOL = {
+    mk.GGMLType.F32: 1e-5,
+    mk.GGMLType.F16: 1e-5,
+    mk.GGMLType.Q4_0: 1e-5,
+    mk.GGMLType.Q4_1: 5e-5,
+    mk.GGMLType.Q8_0: 1e-5,
+}
+
+_session_rng = np.random.default_rng()
+
+
+@functools.lru_cache(maxsize=8)
+def weights(ggml_type: mk.GGMLType, rows: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantized random weights, cached across the parametrized tests that share a shape (quantizing
+    151936 rows takes seconds); fresh every session."""
+    return quantize(randn(_session_rng, rows, n, scale=0.5), ggml_type)
+
+
+# (n_rows, d): the vocabulary-sized table is a narrow one, so every row index up to 151935 is exercised
+EMBED_SHAPES = [(151936, 64), (4097, 896), (33, 32)]
+
+
+@pytest.mark.parametrize("n_tokens", [1, 33])
+@pytest.mark.parametrize(("n_rows", "d"), EMBED_SHAPES)
+@pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
+def test_embed_rows_are_bit_exact(rng, stream, ggml_type, n_rows, d, n_tokens):
+    raw, values = weights(ggml_type, n_rows, d)
+    ids = rng.integers(0, n_rows, n_tokens, dtype=np.int32)
+    ids[0] = n_rows - 1  # the last row, whose bytes end the table
+    out = poisoned((n_tokens, d), np.float32, stream)
+    table = to_device(raw, stream)
+    kernels.embed_rows(table.ptr, ggml_type, to_device(ids, stream).ptr, out.ptr, n_tokens, d, n_rows, stream.handle)
+    got = from_device(out, (n_tokens, d), np.float32, stream)
+    assert np.array_equal(got, values[ids]), f"{ggml_type.name}: differs from gguf.quants.dequantize"
+
+
+@pytest.mark.parametrize("ggml_type", FLOATS, ids=lambda t: t.name)
+def test_embed_rows_of_odd_width_float_tables(rng, stream, ggml_type):
+    raw, values = weights(ggml_type, 100, 33)
+    ids = rng.integers(0, 100, 5, dtype=np.int32)
+    out = poisoned((5, 33), np.float32, stream)
+    kernels.embed_rows(
+        to_device(raw, stream).ptr, ggml_type, to_device(ids, stream).ptr, out.ptr, 5, 33, 100, stream.handle
+    )
+    assert np.array_equal(from_device(out, (5, 33), np.float32, stream), values[ids])
+
+
+# (in_features, out_features)
+FLOAT_SHAPES = [(1, 1), (33, 33), (896, 4097), (4864, 896), (128, 151936), (4097, 5)]
+QUANTIZED_SHAPES = [(32, 1), (896, 33), (896, 4864), (4864, 896), (128, 151936), (1024, 4097)]
+MATMUL_CASES = [(t, shape) for t in FLOATS for shape in FLOAT_SHAPES] + [
+    (t, shape) for t in QUANTIZED for shape in QUANTIZED_SHAPES
+]
+
+
+@pytest.mark.parametrize("n_tokens", [1, 8, 33])
+@pytest.mark.parametrize(("ggml_type", "shape"), MATMUL_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_matmul(rng, stream, ggml_type, shape, n_tokens):
+    in_features, out_features = shape
+    raw, values = weights(ggml_type, out_features, in_features)
+    x = randn(rng, n_tokens, in_features)
+    y = poisoned((n_tokens, out_features), np.float32, stream)
+    kernels.matmul(
+        to_device(raw, stream).ptr,
+        ggml_type,
+        to_device(x, stream).ptr,
+        y.ptr,
+        in_features,
+        out_features,
+        n_tokens,
+        stream.handle,
+    )
+    got = from_device(y, (n_tokens, out_features), np.float32, stream)
+    w64, x64 = values.astype(np.float64), x.astype(np.float64)
+    expected = x64 @ w64.T
+    condition = np.abs(x64) @ np.abs(w64).T  # sum_i |W[o,i] x[t,i]|
+    assert_close(got, expected, MATMUL_RTOL[ggml_type], scale=condition, what=f"matmul {ggml_type.name}")
+
+
+def test_matmul_reads_unaligned_float_rows(rng, stream):
+    """F32 weights from an odd offset of a buffer: the kernel falls back to scalar loads."""
+    raw, values = weights(mk.GGMLType.F32, 33, 896)
+    x = randn(rng, 3, 896)
+    device_w = mk.DeviceBuffer(raw.nbytes + 4)
+    device_w.copy_from_host(raw, stream.handle, offset=4)
+    y = poisoned((3, 33), np.float32, stream)
+    kernels.matmul(device_w.ptr + 4, mk.GGMLType.F32, to_device(x, stream).ptr, y.ptr, 896, 33, 3, stream.handle)
+    expected = x.astype(np.float64) @ values.astype(np.float64).T
+    condition = np.abs(x.astype(np.float64)) @ np.abs(values.astype(np.float64)).T
+    assert_close(from_device(y, (3, 33), np.float32, stream), expected, 1e-5, scale=condition)

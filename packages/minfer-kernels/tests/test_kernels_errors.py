@@ -1,0 +1,109 @@
+"""The error model: launches CUDA refuses raise at once; arguments a launcher refuses raise ValueError
+before any CUDA call; a fault inside a kernel is latched, counted, and not blamed on the next call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from kernel_testing import from_device, randn, requires_gpu, silu, to_device
+
+import minfer_kernels as mk
+from minfer_kernels import kernels
+
+pytestmark = requires_gpu
+
+
+@pytest.mark.provokes_cuda_error
+def test_an_invalid_launch_raises_at_the_launch_and_is_not_latched(rng, stream):
+    rows = 65536  # one more than gridDim.y allows: the launch configuration is invalid
+    y = mk.DeviceBuffer(rows * 4)
+    bias = to_device(randn(rng, 1), stream)
+    latched_before = mk.latched_errors()
+    with pytest.raises(mk.CudaError) as raised:
+        kernels.add_bias_f32(y.ptr, bias.ptr, rows, 1, stream.handle)
+    assert raised.value.name == "cudaErrorInvalidConfiguration"
+    assert raised.value.call == "launch_add_bias_f32"
+    assert not raised.value.latched
+    assert mk.latched_errors() == latched_before
+
+    data = randn(rng, 33)  # the context is fine: the next launch and the drain succeed
+    x = to_device(data, stream)
+    kernels.silu_f32(x.ptr, 33, stream.handle)
+    np.testing.assert_allclose(from_device(x, 33, np.float32, stream), silu(data), rtol=1e-6)
+    assert mk.latched_errors() == latched_before
+
+
+@pytest.mark.provokes_cuda_error
+def test_an_empty_grid_is_an_invalid_launch(stream):
+    with pytest.raises(mk.CudaError, match="launch_silu_f32 failed at launch") as raised:
+        kernels.silu_f32(0, 0, stream.handle)
+    assert raised.value.name == "cudaErrorInvalidConfiguration"
+
+
+def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    with pytest.raises(ValueError, match=r"launch_matmul refused its arguments: .*multiple of 32"):
+        kernels.matmul(p, mk.GGMLType.Q4_0, p, p, 33, 4, 1, h)
+    with pytest.raises(ValueError, match=r"launch_matmul refused .*16-byte aligned"):
+        kernels.matmul(p, mk.GGMLType.Q8_0, p + 4, p, 32, 4, 1, h)
+    with pytest.raises(ValueError, match="launch_embed_rows refused"):
+        kernels.embed_rows(p, 10, p, p, 1, 256, 4, h)  # type 10 is Q2_K
+    with pytest.raises(ValueError, match="n_rot must be even"):
+        kernels.rope_f32(p, p, 1, 2, 64, 63, 1e4, kernels.ROPE_NEOX, h)
+    with pytest.raises(ValueError, match="mode must be"):
+        kernels.rope_f32(p, p, 1, 2, 64, 64, 1e4, 1, h)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 32"):
+        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, h)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 4, h)
+    with pytest.raises(ValueError, match="n_splits"):
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0, h)
+    mk.sync(h)  # nothing reached CUDA: nothing is pending
+
+
+TRAP_PROBE = """
+import json
+import numpy as np
+import minfer_kernels as mk
+from minfer_kernels import kernels
+
+stream = mk.Stream()
+h = stream.handle
+k = mk.upload(np.ones((1, 32), np.float32))
+v = mk.upload(np.ones((1, 32), np.float32))
+k_cache, v_cache = mk.DeviceBuffer(4 * 32 * 4), mk.DeviceBuffer(4 * 32 * 4)
+outside = mk.upload(np.array([9], np.int32))  # a cache of n_ctx = 4 rows has no row 9
+kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, h)  # enqueued: fine
+report = {}
+for what, attempt in (("sync", lambda: mk.sync(h)), ("next_launch", lambda: kernels.silu_f32(k.ptr, 32, h))):
+    try:
+        attempt()
+        report[what] = None
+    except mk.CudaError as error:
+        report[what] = {"name": error.name, "latched": error.latched, "call": error.call, "message": str(error)}
+report["latched_errors"] = mk.latched_errors()
+print(json.dumps(report))
+"""
+
+STICKY = {"cudaErrorLaunchFailure", "cudaErrorIllegalInstruction", "cudaErrorAssert", "cudaErrorIllegalAddress"}
+
+
+@pytest.mark.provokes_cuda_error
+def test_a_kernel_fault_is_latched_counted_and_not_blamed_on_the_next_launch():
+    # In a child process: the fault breaks the CUDA context for the rest of that process.
+    result = subprocess.run([sys.executable, "-c", TRAP_PROBE], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["sync"] is not None, "the trap inside kv_store_f32 must surface at sync()"
+    assert report["sync"]["name"] in STICKY and report["sync"]["latched"]
+    launch = report["next_launch"]
+    assert launch is not None and launch["name"] in STICKY
+    assert launch["latched"] and launch["call"] == "launch_silu_f32"
+    assert "not evidence about launch_silu_f32" in launch["message"]
+    assert "compute-sanitizer" in launch["message"]
+    assert report["latched_errors"] >= 2

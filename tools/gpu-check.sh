@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# THE check for a machine with an NVIDIA GPU: `nox -s gpu` runs it, and so does one call of the device tool.
+#
+#   1. install the Python wheels the machine lacks, when ./.whl/ holds some (a machine without network)
+#   2. build and install minfer-kernels for this GPU (MINFER_CUDA_ARCHS, default native), no build isolation
+#   3. the kernel test suite, with MINFER_REQUIRE_GPU=1: a GPU test may not skip
+#   4. the same suite under compute-sanitizer --tool memcheck, leaving out the tests marked
+#      provokes_cuda_error (they make CUDA calls fail on purpose, and memcheck counts every failed call)
+#   5. the runtime's CUDA tests (pytest -m cuda), once packages/minfer-runtime/tests has some
+#
+# Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
+# Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
+# MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass).
+# Exit status: 0 when every step passed.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+LOGS=${OUT:-${MINFER_GPU_CHECK_LOGS:-build/gpu-check}}
+mkdir -p "$LOGS"
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+for dir in "${CUDA_HOME:-/nonexistent}/bin" /usr/local/cuda/bin; do
+    if [ -d "$dir" ]; then PATH="$PATH:$dir"; fi
+done
+export PATH
+
+SUMMARY=()
+STATUS=0
+
+# run_step NAME LOG COMMAND...: runs COMMAND, its output to the terminal and to $LOGS/LOG, and records
+# PASS or FAIL in the summary.
+run_step() {
+    local name=$1 log=$2
+    shift 2
+    echo
+    echo "=== $name: $*"
+    local start=$SECONDS
+    "$@" 2>&1 | tee "$LOGS/$log"
+    local rc=${PIPESTATUS[0]}
+    local took=$((SECONDS - start))
+    if [ "$rc" -eq 0 ]; then
+        SUMMARY+=("PASS  $name (${took}s)")
+    else
+        SUMMARY+=("FAIL  $name (exit $rc after ${took}s; log $log)")
+        STATUS=1
+    fi
+    return "$rc"
+}
+
+print_summary() {
+    {
+        echo
+        echo "=== gpu-check summary"
+        printf '%s\n' "${SUMMARY[@]}"
+        for log in tests.log memcheck.log runtime-cuda.log; do
+            if [ -f "$LOGS/$log" ]; then
+                echo "--- $log"
+                grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s|ERROR SUMMARY" "$LOGS/$log" || true
+            fi
+        done
+        if [ "$STATUS" -eq 0 ]; then echo "gpu-check: OK"; else echo "gpu-check: FAILED"; fi
+    } | tee "$LOGS/summary.txt"
+}
+
+echo "=== machine"
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv || true
+"$PYTHON" --version
+
+# 1. Wheels for a machine without network (see /work/shared/tools/fetch-device-wheels in the workplace).
+if compgen -G ".whl/*.whl" >/dev/null; then
+    run_step "install carried wheels" wheels.log \
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+# 2. Build for this GPU. Without build isolation: the machine's scikit-build-core, nanobind, cmake, ninja.
+export MINFER_CUDA_ARCHS=${MINFER_CUDA_ARCHS:-native}
+if ! run_step "build minfer-kernels (MINFER_CUDA_ARCHS=$MINFER_CUDA_ARCHS)" build.log \
+    "$PYTHON" -m pip install -v --no-build-isolation --no-deps ./packages/minfer-kernels; then
+    print_summary
+    exit 1
+fi
+
+# 3. The kernel tests. MINFER_REQUIRE_GPU=1 turns "no GPU" into a failure instead of skips.
+run_step "kernel tests" tests.log \
+    env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-300}" \
+    "$PYTHON" -m pytest -q -ra -p no:cacheprovider packages/minfer-kernels/tests
+
+# 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode).
+if command -v compute-sanitizer >/dev/null; then
+    run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
+        env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-420}" \
+        compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \
+        "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" \
+        packages/minfer-kernels/tests
+else
+    SUMMARY+=("FAIL  memcheck: compute-sanitizer not found (looked on PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)")
+    STATUS=1
+fi
+
+# 5. The runtime's CUDA tests. >>> minfer-runtime's CUDA backend: install the runtime here, and add its
+# bench table below, when those exist. Harmless until packages/minfer-runtime/tests has `cuda` tests.
+if grep -rqs "mark.cuda" packages/minfer-runtime/tests; then
+    run_step "runtime CUDA tests" runtime-cuda.log \
+        env MINFER_REQUIRE_GPU=1 "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests
+fi
+# <<< end of the runtime's part
+
+print_summary
+exit "$STATUS"
