@@ -65,6 +65,7 @@ print_summary() {
 echo "=== machine"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv || true
 "$PYTHON" --version
+"$PYTHON" -m pip list 2>/dev/null | grep -iE "^(nanobind|scikit.build.core|cmake|ninja|numpy|pytest|gguf) " || true
 
 # 1. Wheels for a machine without network (see /work/shared/tools/fetch-device-wheels in the workplace).
 if compgen -G ".whl/*.whl" >/dev/null; then

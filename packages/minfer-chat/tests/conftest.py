@@ -22,6 +22,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny llama with room for thousands of tokens: a reply still streams when a test presses Esc."""
-    path = tmp_path_factory.mktemp("models") / "tiny-llama-8k.gguf"
-    return write_synthetic_model(path, scaled("tiny-llama", context_length=8192))
+    """The tiny llama with room for 32k tokens: a reply that would take minutes, so it still streams at Esc."""
+    path = tmp_path_factory.mktemp("models") / "tiny-llama-32k.gguf"
+    return write_synthetic_model(path, scaled("tiny-llama", context_length=32768))

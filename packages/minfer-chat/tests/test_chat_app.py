@@ -25,6 +25,9 @@ from minfer_chat.widgets import AssistantMessage, ModelHeader, PromptInput, Stat
 
 pytestmark = pytest.mark.timeout(120)
 
+# Tokens: a reply this long takes minutes, far longer than any test waits before pressing Esc.
+LONG_REPLY = 32000
+
 
 @run_async
 async def test_header_names_the_model_once_loaded(tiny_model):
@@ -83,24 +86,33 @@ async def test_status_line_shows_speeds_context_and_backend(tiny_model):
         assert f"context {app.chat.context_used}/512 · cpu" in str(status.render())
 
 
+def new_turn_tokens(engine: minfer.Engine, before: list[dict[str, str]], after: list[dict[str, str]]) -> list[int]:
+    """The tokens a new turn adds, from the template and tokenizer alone.
+
+    `before` ends with a reply, `after` with the next user message: render both, and the text
+    that `after`'s prompt adds to `before`'s prompt and reply is the new turn.
+    """
+    previous = engine.template.render(before[:-1], add_generation_prompt=True) + before[-1]["content"]
+    prompt = engine.template.render(after, add_generation_prompt=True)
+    assert prompt.startswith(previous)
+    return engine.tokenizer.encode(prompt[len(previous) :], add_bos=False)
+
+
 @run_async
 async def test_second_turn_prefills_only_its_own_tokens(tiny_model):
     app = chat_app(tiny_model)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
         await submit(pilot, "The first message")
-        first_turn = app.chat.messages
+        first_turn, first_stop = app.chat.messages, app.chat.last.stats.stop_reason
         await submit(pilot, "And a second one")
 
-        # Independently of the session: render both conversations with the template; the text the
-        # second adds after what is cached (the first prompt and its reply) is all that needs prefilling.
-        engine = app.chat.engine
-        cached_text = engine.template.render(first_turn[:1], add_generation_prompt=True) + first_turn[1]["content"]
-        second_prompt = engine.template.render(app.chat.messages[:3], add_generation_prompt=True)
-        assert second_prompt.startswith(cached_text)
-        new_tokens = engine.tokenizer.encode(second_prompt[len(cached_text) :], add_bos=False)
-        assert app.chat.last.stats.prompt_tokens == len(new_tokens)
-        assert len(new_tokens) < len(engine.tokenizer.encode(second_prompt))
+        new_turn = new_turn_tokens(app.chat.engine, first_turn, app.chat.messages[:3])
+        # The cache holds every token the model has run. The first reply ended at the length limit, so
+        # its last token was sampled but never run: it is prefilled along with the new turn.
+        assert first_stop == "length"
+        assert app.chat.last.stats.prompt_tokens == len(new_turn) + 1
+        assert app.chat.context_used > 2 * len(new_turn)  # the first turn was not prefilled again
 
 
 @run_async
@@ -108,7 +120,7 @@ async def test_escape_stops_the_reply_and_keeps_its_text(long_context_model, mon
     first_piece = asyncio.Event()
     append = AssistantMessage.append
     monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (first_piece.set(), append(self, piece)))
-    app = chat_app(long_context_model, max_tokens=8000)
+    app = chat_app(long_context_model, ctx_size=32768, max_tokens=LONG_REPLY)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
         await type_text(pilot, "Tell me everything")
@@ -116,8 +128,9 @@ async def test_escape_stops_the_reply_and_keeps_its_text(long_context_model, mon
         await wait_for(first_piece)
         assert app.streaming
 
-        # Sending while a reply streams is refused, and the typed text stays in the box.
-        await type_text(pilot, "more")
+        # Sending while a reply streams is refused, and the text stays in the box. (Pasted rather than
+        # typed: each pilot key press waits for the app to go idle, which it does not while generating.)
+        app.query_one(PromptInput).insert("more")
         await pilot.press("enter")
         assert "press Esc to stop it" in notices(app, errors_only=True)[-1]
         assert app.query_one(PromptInput).text == "more"
@@ -126,7 +139,7 @@ async def test_escape_stops_the_reply_and_keeps_its_text(long_context_model, mon
         await wait_until_idle(pilot)
         assert not app.streaming
         stats = app.chat.last.stats
-        assert stats.stop_reason == "cancelled" and 0 < stats.generated_tokens < 8000
+        assert stats.stop_reason == "cancelled" and 0 < stats.generated_tokens < LONG_REPLY
         [reply] = replies(app)
         assert reply.text == app.chat.messages[-1]["content"] == app.chat.last.text != ""
         assert reply.border_subtitle == "stopped"
@@ -137,7 +150,7 @@ async def test_next_message_after_escape_reuses_the_cache(long_context_model, mo
     first_piece = asyncio.Event()
     append = AssistantMessage.append
     monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (first_piece.set(), append(self, piece)))
-    app = chat_app(long_context_model, max_tokens=8000)
+    app = chat_app(long_context_model, ctx_size=32768, max_tokens=LONG_REPLY)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
         await type_text(pilot, "Go on")
@@ -145,12 +158,14 @@ async def test_next_message_after_escape_reuses_the_cache(long_context_model, mo
         await wait_for(first_piece)
         await pilot.press("escape")
         await wait_until_idle(pilot)
-        context_after_stop = app.chat.context_used
+        stopped_turn = app.chat.messages
 
         app.chat.max_tokens = 4
         await submit(pilot, "Thanks")
         assert len(replies(app)) == 2
-        assert app.chat.last.stats.prompt_tokens < app.chat.context_used - context_after_stop
+        # As after a reply cut by the length limit: only the new turn and the one token sampled but not run.
+        new_turn = new_turn_tokens(app.chat.engine, stopped_turn, app.chat.messages[:3])
+        assert app.chat.last.stats.prompt_tokens == len(new_turn) + 1
 
 
 @run_async
@@ -160,10 +175,10 @@ async def test_full_context_drops_the_oldest_turns_with_a_notice(tiny_model):
         await wait_until_loaded(pilot)
         for text in ("one", "two", "three", "four"):
             await submit(pilot, text)
-        assert app.chat.context_used + app.chat.max_tokens <= 96
+        assert app.chat.context_used <= 96
         assert any("The context is full" in notice for notice in notices(app))
-        dropped = [str(w.content) for w in app.query(".message.dropped") if w.has_class("message") and w.content]
-        assert "one" in dropped
+        assert "one" in [str(message.content) for message in app.query("UserMessage.dropped")]
+        assert "one" not in [message["content"] for message in app.chat.messages]
         assert len(replies(app)) == 4  # dropped turns stay on screen, greyed out
 
 

@@ -13,6 +13,8 @@ Error bounds:
 from __future__ import annotations
 
 import functools
+import os
+import secrets
 
 import numpy as np
 import pytest
@@ -34,7 +36,7 @@ MATMUL_RTOL = {
     mk.GGMLType.Q8_0: 1e-5,
 }
 
-_session_rng = np.random.default_rng()
+_session_rng = np.random.default_rng(int(os.environ.get("MINFER_TEST_SEED") or secrets.randbits(32)))
 
 
 @functools.lru_cache(maxsize=8)

@@ -106,6 +106,14 @@ def assert_one_line_error(result: Result, *fragments: str) -> str:
     return line
 
 
+def call_main(argv: list[str]) -> int:
+    """`minfer.cli.main` as the console script runs it: argparse's exits become exit codes."""
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+
+
 # -- models --------------------------------------------------------------------------------------------
 
 
@@ -438,14 +446,6 @@ def test_a_reader_that_goes_away_is_not_a_traceback(long_model):
 
 
 # -- the default model when it is missing (in-process, module state patched) ---------------------------
-
-
-def call_main(argv: list[str]) -> int:
-    """`minfer.cli.main` as the console script runs it: argparse's exits become exit codes."""
-    try:
-        return cli.main(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
 
 
 class NoStdin(io.StringIO):

@@ -167,8 +167,11 @@ class GGUFFile:
             raise ModelFileError(f"{self.path}: no such file")
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: not a file")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
+        try:
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise ModelFileError(f"{self.path}: cannot be read ({exc.strerror})") from None
         if magic != GGUF_MAGIC:
             raise ModelFileError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
         try:

