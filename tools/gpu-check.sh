@@ -6,7 +6,8 @@
 #   3. the kernel test suite, with MINFER_REQUIRE_GPU=1: a GPU test may not skip
 #   4. the same suite under compute-sanitizer --tool memcheck, leaving out the tests marked
 #      provokes_cuda_error (they make CUDA calls fail on purpose, and memcheck counts every failed call)
-#   5. the runtime's CUDA tests (pytest -m cuda), once packages/minfer-runtime/tests has some
+#   5. a microbenchmark of the kernels at Qwen2.5-0.5B decode shapes (packages/minfer-kernels/bench)
+#   6. the runtime: its CUDA tests (pytest -m cuda), `minfer run --backend cuda` under memcheck, a bench table
 #
 # Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
@@ -52,12 +53,22 @@ print_summary() {
         echo
         echo "=== gpu-check summary"
         printf '%s\n' "${SUMMARY[@]}"
-        for log in tests.log memcheck.log runtime-cuda.log; do
+        for log in tests.log memcheck.log runtime-cuda.log run-memcheck.log; do
             if [ -f "$LOGS/$log" ]; then
                 echo "--- $log"
                 grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s|ERROR SUMMARY" "$LOGS/$log" || true
             fi
         done
+        for log in "$LOGS"/bench.log "$LOGS"/bench-*.log; do
+            if [ -f "$log" ]; then
+                echo "--- $(basename "$log")"
+                grep -E "^\|" "$log" || cat "$log"
+            fi
+        done
+        if [ -f "$LOGS/op-timing.log" ]; then
+            echo "--- op-timing.log"
+            grep -E "^\||per-op" "$LOGS/op-timing.log" | tail -20
+        fi
         if [ "$STATUS" -eq 0 ]; then echo "gpu-check: OK"; else echo "gpu-check: FAILED"; fi
     } | tee "$LOGS/summary.txt"
 }
@@ -67,7 +78,7 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
 "$PYTHON" --version
 "$PYTHON" -m pip list 2>/dev/null | grep -iE "^(nanobind|scikit.build.core|cmake|ninja|numpy|pytest|gguf) " || true
 
-# 1. Wheels for a machine without network (see /work/shared/tools/fetch-device-wheels in the workplace).
+# 1. A machine without network gets the Python packages it lacks as wheels, carried in ./.whl/.
 if compgen -G ".whl/*.whl" >/dev/null; then
     run_step "install carried wheels" wheels.log \
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -84,13 +95,13 @@ fi
 
 # 3. The kernel tests. MINFER_REQUIRE_GPU=1 turns "no GPU" into a failure instead of skips.
 run_step "kernel tests" tests.log \
-    env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-300}" \
+    env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
     "$PYTHON" -m pytest -q -ra -p no:cacheprovider packages/minfer-kernels/tests
 
 # 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode).
 if command -v compute-sanitizer >/dev/null; then
     run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
-        env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-420}" \
+        env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" \
         compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \
         "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" \
         packages/minfer-kernels/tests
@@ -99,13 +110,40 @@ else
     STATUS=1
 fi
 
-# 5. The runtime's CUDA tests. >>> minfer-runtime's CUDA backend: install the runtime here, and add its
-# bench table below, when those exist. Harmless until packages/minfer-runtime/tests has `cuda` tests.
-if grep -rqs "mark.cuda" packages/minfer-runtime/tests; then
+# 5. Kernel timings: a table, for the record (it fails only if a kernel fails).
+run_step "kernel microbench" bench.log "$PYTHON" packages/minfer-kernels/bench/bench_kernels.py
+
+# 6. The runtime on the GPU: install it (its dependencies come from the machine or .whl/), then its CUDA
+# tests (CUDA backend == CPU backend on synthetic and real models, replay on/off, multi-turn), one short
+# `minfer run --backend cuda` under memcheck, and a bench table of synthetic Qwen2.5-0.5B models.
+# The default model is used when it is installed or in $MINFER_HOME/models (the device tool carries it in
+# parts: see docs/PERFORMANCE.md); its tests skip with the reason otherwise.
+if run_step "install minfer-runtime" runtime-install.log \
+    "$PYTHON" -m pip install -q --no-build-isolation --no-deps ./packages/minfer-runtime; then
     run_step "runtime CUDA tests" runtime-cuda.log \
-        env MINFER_REQUIRE_GPU=1 "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests
+        env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
+        "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests
+    if command -v compute-sanitizer >/dev/null; then
+        run_step "minfer run --backend cuda under compute-sanitizer memcheck" run-memcheck.log \
+            compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \
+            "$PYTHON" -m minfer.cli run "${MINFER_MEMCHECK_MODEL:-smollm2}" "What is the capital of France?" \
+            --backend cuda --temp 0 -n 8
+    fi
+    BENCH_DIR=${MINFER_BENCH_DIR:-/tmp/minfer-bench}
+    mkdir -p "$BENCH_DIR"
+    for weight_type in ${MINFER_BENCH_TYPES:-Q4_0 Q8_0}; do
+        model="$BENCH_DIR/qwen2.5-0.5b-$weight_type.gguf"
+        [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset qwen2.5-0.5b --weight-type "$weight_type"
+        run_step "bench $weight_type, graph replay" "bench-$weight_type-replay.log" \
+            "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 -r "${MINFER_BENCH_REPS:-5}"
+        run_step "bench $weight_type, no graph replay" "bench-$weight_type-eager.log" \
+            env MINFER_NO_CUDA_GRAPH=1 "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 \
+            -r "${MINFER_BENCH_REPS:-5}"
+    done
+    run_step "op timing, Q4_0 decode" op-timing.log \
+        env MINFER_OP_TIMING=1 "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda \
+        -p 16 -n 32 -r 1
 fi
-# <<< end of the runtime's part
 
 print_summary
 exit "$STATUS"

@@ -12,11 +12,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 
 from minfer import SamplingParams
 from minfer_chat import ChatApp, ChatOptions
-from minfer_chat.widgets import AssistantMessage, Notice, UserMessage
+from minfer_chat.widgets import AssistantMessage, Notice, PromptInput, UserMessage
 
 GREEDY = SamplingParams(temperature=0)
 TERMINAL_SIZE = (100, 40)
@@ -47,7 +48,7 @@ async def wait_until_idle(pilot: Pilot) -> None:
 
 async def wait_until_loaded(pilot: Pilot) -> None:
     await wait_until_idle(pilot)
-    assert pilot.app.chat is not None, f"the model did not load: {pilot.app.load_error}"
+    assert pilot.app.session is not None, f"the model did not load: {pilot.app.load_error}"
 
 
 async def type_text(pilot: Pilot, text: str) -> None:
@@ -55,16 +56,40 @@ async def type_text(pilot: Pilot, text: str) -> None:
     await pilot.press(*("ctrl+j" if char == "\n" else char for char in text))
 
 
-async def submit(pilot: Pilot, text: str) -> None:
-    """Type `text`, press Enter, and wait for what it started (a reply, say) to finish."""
-    await type_text(pilot, text)
+async def enter(pilot: Pilot, text: str) -> None:
+    """Put `text` in the message box (as a paste would) and press Enter.
+
+    Tests about typing use `type_text` instead: each pilot key press takes a few tens of milliseconds,
+    and up to a second while the model generates (the pilot waits for the app to go idle).
+    """
+    pilot.app.query_one(PromptInput).insert(text)
     await pilot.press("enter")
+
+
+async def submit(pilot: Pilot, text: str) -> None:
+    """`enter` the text, and wait for what it started (a reply, say) to finish."""
+    await enter(pilot, text)
     await wait_until_idle(pilot)
 
 
-async def wait_for(event: asyncio.Event) -> None:
-    """Wait for `event` while the app runs; fail rather than hang if it never comes."""
-    await asyncio.wait_for(event.wait(), timeout=60)
+class PieceWatcher:
+    """Records each piece of a reply as the app shows it (on the UI thread), and flags the first."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pieces: list[str] = []
+        self.first = asyncio.Event()
+        show_piece = AssistantMessage.append
+
+        def recording_append(message: AssistantMessage, piece: str) -> None:
+            self.pieces.append(piece)
+            self.first.set()
+            show_piece(message, piece)
+
+        monkeypatch.setattr(AssistantMessage, "append", recording_append)
+
+    async def wait_for_first(self) -> None:
+        """Wait until a reply is streaming; fail rather than hang if none comes."""
+        await asyncio.wait_for(self.first.wait(), timeout=60)
 
 
 def notices(app: ChatApp, *, errors_only: bool = False) -> list[str]:

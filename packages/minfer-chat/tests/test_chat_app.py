@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from chat_steps import (
     GREEDY,
     TERMINAL_SIZE,
+    PieceWatcher,
     chat_app,
+    enter,
     notices,
     replies,
     run_async,
     submit,
     type_text,
     user_messages,
-    wait_for,
     wait_until_idle,
     wait_until_loaded,
 )
+from textual.widgets import Markdown
 
 import minfer
-from minfer_chat.widgets import AssistantMessage, ModelHeader, PromptInput, StatusLine
+from minfer_chat.widgets import LoadingPanel, ModelHeader, PromptInput, StatusLine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,10 +30,20 @@ LONG_REPLY = 32000
 
 
 @run_async
-async def test_header_names_the_model_once_loaded(tiny_model):
+async def test_loading_shows_progress_then_the_model_in_the_header(tiny_model, monkeypatch):
+    progress: list[tuple[int, int]] = []
+    show_progress = LoadingPanel.show_progress
+
+    def recording_show_progress(panel: LoadingPanel, done_bytes: int, total_bytes: int) -> None:
+        progress.append((done_bytes, total_bytes))
+        show_progress(panel, done_bytes, total_bytes)
+
+    monkeypatch.setattr(LoadingPanel, "show_progress", recording_show_progress)
     app = chat_app(tiny_model)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
+        assert len(progress) > 1 and progress[-1][0] == progress[-1][1] > 0
+        assert not app.query(LoadingPanel)
         header = str(app.query_one(ModelHeader).content)
         info = app.chat.engine.info
         for fact in (info.name, "llama", "Q8_0 ×16, F32 ×5", "cpu", "CPU (numpy)"):
@@ -51,21 +61,32 @@ async def test_missing_model_exits_with_its_one_line_error(tmp_path):
 
 
 @run_async
+async def test_reply_budget_must_leave_room_in_the_context(tiny_model):
+    app = chat_app(tiny_model, max_tokens=512)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_idle(pilot)
+    assert app.return_code == 1
+    assert app.load_error.startswith("--max-tokens 512 leaves no room for the conversation in the context (512 tokens)")
+
+
+@run_async
 async def test_reply_streams_piece_by_piece_then_shows_as_markdown(tiny_model, monkeypatch):
-    streamed: list[str] = []
-    append = AssistantMessage.append
-    monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (streamed.append(piece), append(self, piece)))
+    streamed = PieceWatcher(monkeypatch).pieces
     app = chat_app(tiny_model, max_tokens=12)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
-        await submit(pilot, "Hello there")
+        await type_text(pilot, "Hello there")
+        await pilot.press("enter")
+        await wait_until_idle(pilot)
 
         # What the engine says to the same message, outside the app.
-        expected = "".join(minfer.load(tiny_model, backend="cpu").chat(sampling=GREEDY, max_tokens=12).send("Hello there"))
+        expected = "".join(
+            minfer.load(tiny_model, backend="cpu").chat(sampling=GREEDY, max_tokens=12).send("Hello there")
+        )
         assert len(streamed) > 1 and "".join(streamed) == expected
         assert user_messages(app) == ["Hello there"]
         [reply] = replies(app)
-        assert reply.text == expected and reply.query("Markdown")
+        assert reply.text == expected and len(reply.query(Markdown)) == 1
         assert app.chat.messages == [
             {"role": "user", "content": "Hello there"},
             {"role": "assistant", "content": expected},
@@ -117,21 +138,17 @@ async def test_second_turn_prefills_only_its_own_tokens(tiny_model):
 
 @run_async
 async def test_escape_stops_the_reply_and_keeps_its_text(long_context_model, monkeypatch):
-    first_piece = asyncio.Event()
-    append = AssistantMessage.append
-    monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (first_piece.set(), append(self, piece)))
+    pieces = PieceWatcher(monkeypatch)
     app = chat_app(long_context_model, ctx_size=32768, max_tokens=LONG_REPLY)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
         await type_text(pilot, "Tell me everything")
         await pilot.press("enter")
-        await wait_for(first_piece)
+        await pieces.wait_for_first()
         assert app.streaming
 
-        # Sending while a reply streams is refused, and the text stays in the box. (Pasted rather than
-        # typed: each pilot key press waits for the app to go idle, which it does not while generating.)
-        app.query_one(PromptInput).insert("more")
-        await pilot.press("enter")
+        # Sending while a reply streams is refused, and the text stays in the box.
+        await enter(pilot, "more")
         assert "press Esc to stop it" in notices(app, errors_only=True)[-1]
         assert app.query_one(PromptInput).text == "more"
 
@@ -146,16 +163,27 @@ async def test_escape_stops_the_reply_and_keeps_its_text(long_context_model, mon
 
 
 @run_async
-async def test_next_message_after_escape_reuses_the_cache(long_context_model, monkeypatch):
-    first_piece = asyncio.Event()
-    append = AssistantMessage.append
-    monkeypatch.setattr(AssistantMessage, "append", lambda self, piece: (first_piece.set(), append(self, piece)))
+async def test_quit_while_a_reply_streams_stops_it(long_context_model, monkeypatch):
+    pieces = PieceWatcher(monkeypatch)
     app = chat_app(long_context_model, ctx_size=32768, max_tokens=LONG_REPLY)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
-        await type_text(pilot, "Go on")
-        await pilot.press("enter")
-        await wait_for(first_piece)
+        await enter(pilot, "Go on")
+        await pieces.wait_for_first()
+        await enter(pilot, "/quit")
+        await wait_until_idle(pilot)
+        assert not app.is_running
+    assert app.chat.last.stats.stop_reason == "cancelled"
+
+
+@run_async
+async def test_next_message_after_escape_reuses_the_cache(long_context_model, monkeypatch):
+    pieces = PieceWatcher(monkeypatch)
+    app = chat_app(long_context_model, ctx_size=32768, max_tokens=LONG_REPLY)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await enter(pilot, "Go on")
+        await pieces.wait_for_first()
         await pilot.press("escape")
         await wait_until_idle(pilot)
         stopped_turn = app.chat.messages
@@ -183,12 +211,26 @@ async def test_full_context_drops_the_oldest_turns_with_a_notice(tiny_model):
 
 
 @run_async
+async def test_message_too_long_for_the_context_is_refused_inline(tiny_model):
+    app = chat_app(tiny_model, ctx_size=64, max_tokens=40)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await submit(pilot, "a rather long message " * 4)
+        assert "does not fit the context size 64" in notices(app, errors_only=True)[-1]
+        assert app.chat.messages == [] and user_messages(app) == [] and replies(app) == []
+        await submit(pilot, "short")  # the app carries on
+        assert len(replies(app)) == 1
+
+
+@run_async
 async def test_history_and_multiline_entry(tiny_model):
     app = chat_app(tiny_model, max_tokens=2)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await wait_until_loaded(pilot)
         await submit(pilot, "first")
-        await submit(pilot, "two\nlines")
+        await type_text(pilot, "two\nlines")
+        await pilot.press("enter")
+        await wait_until_idle(pilot)
         assert app.chat.messages[2] == {"role": "user", "content": "two\nlines"}
 
         box = app.query_one(PromptInput)

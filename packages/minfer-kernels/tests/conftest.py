@@ -7,6 +7,7 @@ import secrets
 
 import numpy as np
 import pytest
+from kernel_testing import DeviceInputs
 
 import minfer_kernels as mk
 
@@ -37,3 +38,9 @@ def stream():
     if mk.device_count() == 0:
         pytest.skip(f"needs an NVIDIA GPU and driver ({mk.unavailable_reason()})")
     return mk.Stream()
+
+
+@pytest.fixture
+def dev(stream):
+    """dev(array) -> device pointer of a copy of `array` that lives as long as the test."""
+    return DeviceInputs(stream)

@@ -37,6 +37,24 @@ def to_device(array: np.ndarray, stream: mk.Stream) -> mk.DeviceBuffer:
     return mk.upload(array, stream.handle)
 
 
+class DeviceInputs:
+    """Device copies of a test's input arrays, alive until the test ends.
+
+    Calling it uploads an array and returns the device pointer. The buffer must outlive the kernel that
+    reads it: `kernels.add_f32(mk.upload(a).ptr, ...)` would free the buffer (its last reference gone)
+    before the kernel even runs. This object holds every buffer for the test's whole duration.
+    """
+
+    def __init__(self, stream: mk.Stream) -> None:
+        self.stream = stream
+        self.buffers: list[mk.DeviceBuffer] = []
+
+    def __call__(self, array: np.ndarray) -> int:
+        buffer = mk.upload(array, self.stream.handle)
+        self.buffers.append(buffer)
+        return buffer.ptr
+
+
 def poisoned(shape, dtype, stream: mk.Stream) -> mk.DeviceBuffer:
     """A device buffer whose every element is NaN (floats) or INT_POISON (integers)."""
     dtype = np.dtype(dtype)

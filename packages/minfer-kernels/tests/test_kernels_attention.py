@@ -39,18 +39,18 @@ def random_cache(rng, n_kv_heads, head_dim, visible_rows):
 
 
 @pytest.mark.parametrize(("n_tokens", "kv_dim"), [(1, 128), (33, 896), (7, 64)])
-def test_kv_store_writes_rows_at_their_positions(rng, stream, n_tokens, kv_dim):
+def test_kv_store_writes_rows_at_their_positions(rng, stream, dev, n_tokens, kv_dim):
     k, v = randn(rng, n_tokens, kv_dim), randn(rng, n_tokens, kv_dim)
     positions = rng.choice(N_CTX, size=n_tokens, replace=False).astype(np.int32)
     positions[0] = N_CTX - 1
     k_cache = poisoned((N_CTX, kv_dim), np.float32, stream)
     v_cache = poisoned((N_CTX, kv_dim), np.float32, stream)
     kernels.kv_store_f32(
-        to_device(k, stream).ptr,
-        to_device(v, stream).ptr,
+        dev(k),
+        dev(v),
         k_cache.ptr,
         v_cache.ptr,
-        to_device(positions, stream).ptr,
+        dev(positions),
         n_tokens,
         kv_dim,
         N_CTX,
@@ -67,17 +67,17 @@ def test_kv_store_writes_rows_at_their_positions(rng, stream, n_tokens, kv_dim):
 @pytest.mark.parametrize("n_splits", [1, 7, 32])
 @pytest.mark.parametrize("kv_len", [1, 33, 896, 4097])
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
-def test_decode_attention(rng, stream, n_heads, n_kv_heads, head_dim, kv_len, n_splits):
+def test_decode_attention(rng, stream, dev, n_heads, n_kv_heads, head_dim, kv_len, n_splits):
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, kv_len)
     q = randn(rng, 1, n_heads * head_dim, scale=2.0)
     out = poisoned((1, n_heads * head_dim), np.float32, stream)
     workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(n_heads, head_dim, n_splits))
     kernels.attention_decode_f32(
-        to_device(q, stream).ptr,
-        to_device(k_cache, stream).ptr,
-        to_device(v_cache, stream).ptr,
+        dev(q),
+        dev(k_cache),
+        dev(v_cache),
         out.ptr,
-        to_device(np.array([kv_len], np.int32), stream).ptr,
+        dev(np.array([kv_len], np.int32)),
         workspace.ptr,
         n_heads,
         n_kv_heads,
@@ -102,18 +102,18 @@ PREFILL_POSITIONS = {
 
 @pytest.mark.parametrize("positions_of", PREFILL_POSITIONS.values(), ids=PREFILL_POSITIONS.keys())
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
-def test_prefill_attention_is_causal_by_position(rng, stream, n_heads, n_kv_heads, head_dim, positions_of):
+def test_prefill_attention_is_causal_by_position(rng, stream, dev, n_heads, n_kv_heads, head_dim, positions_of):
     positions = positions_of(rng).astype(np.int32)
     n_tokens = len(positions)
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, int(positions.max()) + 1)
     q = randn(rng, n_tokens, n_heads * head_dim, scale=2.0)
     out = poisoned(q.shape, np.float32, stream)
     kernels.attention_prefill_f32(
-        to_device(q, stream).ptr,
-        to_device(k_cache, stream).ptr,
-        to_device(v_cache, stream).ptr,
+        dev(q),
+        dev(k_cache),
+        dev(v_cache),
         out.ptr,
-        to_device(positions, stream).ptr,
+        dev(positions),
         n_tokens,
         n_heads,
         n_kv_heads,

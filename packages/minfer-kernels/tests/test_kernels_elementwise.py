@@ -20,34 +20,34 @@ ONE_ROUNDING = 2.0**-24
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_add(rng, stream, n):
+def test_add(rng, stream, dev, n):
     a, b = randn(rng, n), randn(rng, n)
     out = poisoned(n, np.float32, stream)
-    kernels.add_f32(to_device(a, stream).ptr, to_device(b, stream).ptr, out.ptr, n, stream.handle)
+    kernels.add_f32(dev(a), dev(b), out.ptr, n, stream.handle)
     assert_close(from_device(out, n, np.float32, stream), a.astype(np.float64) + b, ONE_ROUNDING, what="add")
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_mul(rng, stream, n):
+def test_mul(rng, stream, dev, n):
     a, b = randn(rng, n), randn(rng, n)
     out = poisoned(n, np.float32, stream)
-    kernels.mul_f32(to_device(a, stream).ptr, to_device(b, stream).ptr, out.ptr, n, stream.handle)
+    kernels.mul_f32(dev(a), dev(b), out.ptr, n, stream.handle)
     assert_close(from_device(out, n, np.float32, stream), a.astype(np.float64) * b, ONE_ROUNDING, what="mul")
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_scale(rng, stream, n):
+def test_scale(rng, stream, dev, n):
     x = randn(rng, n)
     factor = np.float32(rng.uniform(0.1, 4.0))
     out = poisoned(n, np.float32, stream)
-    kernels.scale_f32(to_device(x, stream).ptr, out.ptr, float(factor), n, stream.handle)
+    kernels.scale_f32(dev(x), out.ptr, float(factor), n, stream.handle)
     assert_close(from_device(out, n, np.float32, stream), x.astype(np.float64) * factor, ONE_ROUNDING, what="scale")
 
 
-def test_add_in_place_as_a_residual(rng, stream):
+def test_add_in_place_as_a_residual(rng, stream, dev):
     residual, update = randn(rng, 896), randn(rng, 896)
     r = to_device(residual, stream)
-    kernels.add_f32(r.ptr, to_device(update, stream).ptr, r.ptr, 896, stream.handle)
+    kernels.add_f32(r.ptr, dev(update), r.ptr, 896, stream.handle)
     assert_close(from_device(r, 896, np.float32, stream), residual.astype(np.float64) + update, ONE_ROUNDING)
 
 
@@ -60,10 +60,10 @@ def test_silu_in_place(rng, stream, n):
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 4864), (33, 896), (3, 4097), (2, 151936), (7, 1)])
-def test_swiglu_of_separate_buffers(rng, stream, rows, d):
+def test_swiglu_of_separate_buffers(rng, stream, dev, rows, d):
     gate, up = randn(rng, rows, d, scale=3.0), randn(rng, rows, d)
     out = poisoned((rows, d), np.float32, stream)
-    kernels.swiglu_f32(to_device(gate, stream).ptr, to_device(up, stream).ptr, out.ptr, rows, d, d, stream.handle)
+    kernels.swiglu_f32(dev(gate), dev(up), out.ptr, rows, d, d, stream.handle)
     assert_close(from_device(out, (rows, d), np.float32, stream), silu(gate) * up, 1e-6, what="swiglu")
 
 
@@ -78,8 +78,8 @@ def test_swiglu_of_a_fused_gate_up_projection(rng, stream, rows, d):
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 896), (33, 4097), (5, 151936), (4, 1)])
-def test_add_bias_to_every_row(rng, stream, rows, d):
+def test_add_bias_to_every_row(rng, stream, dev, rows, d):
     y, bias = randn(rng, rows, d), randn(rng, d)
     buffer = to_device(y, stream)
-    kernels.add_bias_f32(buffer.ptr, to_device(bias, stream).ptr, rows, d, stream.handle)
+    kernels.add_bias_f32(buffer.ptr, dev(bias), rows, d, stream.handle)
     assert_close(from_device(buffer, (rows, d), np.float32, stream), y.astype(np.float64) + bias, ONE_ROUNDING)

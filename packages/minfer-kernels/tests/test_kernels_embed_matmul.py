@@ -53,25 +53,23 @@ EMBED_SHAPES = [(151936, 64), (4097, 896), (33, 32)]
 @pytest.mark.parametrize("n_tokens", [1, 33])
 @pytest.mark.parametrize(("n_rows", "d"), EMBED_SHAPES)
 @pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
-def test_embed_rows_are_bit_exact(rng, stream, ggml_type, n_rows, d, n_tokens):
+def test_embed_rows_are_bit_exact(rng, stream, dev, ggml_type, n_rows, d, n_tokens):
     raw, values = weights(ggml_type, n_rows, d)
     ids = rng.integers(0, n_rows, n_tokens, dtype=np.int32)
     ids[0] = n_rows - 1  # the last row, whose bytes end the table
     out = poisoned((n_tokens, d), np.float32, stream)
     table = to_device(raw, stream)
-    kernels.embed_rows(table.ptr, ggml_type, to_device(ids, stream).ptr, out.ptr, n_tokens, d, n_rows, stream.handle)
+    kernels.embed_rows(table.ptr, ggml_type, dev(ids), out.ptr, n_tokens, d, n_rows, stream.handle)
     got = from_device(out, (n_tokens, d), np.float32, stream)
     assert np.array_equal(got, values[ids]), f"{ggml_type.name}: differs from gguf.quants.dequantize"
 
 
 @pytest.mark.parametrize("ggml_type", FLOATS, ids=lambda t: t.name)
-def test_embed_rows_of_odd_width_float_tables(rng, stream, ggml_type):
+def test_embed_rows_of_odd_width_float_tables(rng, stream, dev, ggml_type):
     raw, values = weights(ggml_type, 100, 33)
     ids = rng.integers(0, 100, 5, dtype=np.int32)
     out = poisoned((5, 33), np.float32, stream)
-    kernels.embed_rows(
-        to_device(raw, stream).ptr, ggml_type, to_device(ids, stream).ptr, out.ptr, 5, 33, 100, stream.handle
-    )
+    kernels.embed_rows(dev(raw), ggml_type, dev(ids), out.ptr, 5, 33, 100, stream.handle)
     assert np.array_equal(from_device(out, (5, 33), np.float32, stream), values[ids])
 
 
@@ -85,15 +83,15 @@ MATMUL_CASES = [(t, shape) for t in FLOATS for shape in FLOAT_SHAPES] + [
 
 @pytest.mark.parametrize("n_tokens", [1, 8, 33])
 @pytest.mark.parametrize(("ggml_type", "shape"), MATMUL_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
-def test_matmul(rng, stream, ggml_type, shape, n_tokens):
+def test_matmul(rng, stream, dev, ggml_type, shape, n_tokens):
     in_features, out_features = shape
     raw, values = weights(ggml_type, out_features, in_features)
     x = randn(rng, n_tokens, in_features)
     y = poisoned((n_tokens, out_features), np.float32, stream)
     kernels.matmul(
-        to_device(raw, stream).ptr,
+        dev(raw),
         ggml_type,
-        to_device(x, stream).ptr,
+        dev(x),
         y.ptr,
         in_features,
         out_features,
@@ -107,14 +105,14 @@ def test_matmul(rng, stream, ggml_type, shape, n_tokens):
     assert_close(got, expected, MATMUL_RTOL[ggml_type], scale=condition, what=f"matmul {ggml_type.name}")
 
 
-def test_matmul_reads_unaligned_float_rows(rng, stream):
+def test_matmul_reads_unaligned_float_rows(rng, stream, dev):
     """F32 weights from an odd offset of a buffer: the kernel falls back to scalar loads."""
     raw, values = weights(mk.GGMLType.F32, 33, 896)
     x = randn(rng, 3, 896)
     device_w = mk.DeviceBuffer(raw.nbytes + 4)
     device_w.copy_from_host(raw, stream.handle, offset=4)
     y = poisoned((3, 33), np.float32, stream)
-    kernels.matmul(device_w.ptr + 4, mk.GGMLType.F32, to_device(x, stream).ptr, y.ptr, 896, 33, 3, stream.handle)
+    kernels.matmul(device_w.ptr + 4, mk.GGMLType.F32, dev(x), y.ptr, 896, 33, 3, stream.handle)
     expected = x.astype(np.float64) @ values.astype(np.float64).T
     condition = np.abs(x.astype(np.float64)) @ np.abs(values.astype(np.float64)).T
     assert_close(from_device(y, (3, 33), np.float32, stream), expected, 1e-5, scale=condition)

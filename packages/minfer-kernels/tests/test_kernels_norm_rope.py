@@ -20,17 +20,17 @@ EPS = 1e-6
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 896), (33, 4097), (3, 4864), (2, 151936), (5, 1), (7, 33)])
-def test_rms_norm(rng, stream, rows, d):
+def test_rms_norm(rng, stream, dev, rows, d):
     x, weight = randn(rng, rows, d, scale=2.0), randn(rng, d)
     out = poisoned((rows, d), np.float32, stream)
-    kernels.rms_norm_f32(to_device(x, stream).ptr, to_device(weight, stream).ptr, out.ptr, rows, d, EPS, stream.handle)
+    kernels.rms_norm_f32(dev(x), dev(weight), out.ptr, rows, d, EPS, stream.handle)
     assert_close(from_device(out, (rows, d), np.float32, stream), rms_norm(x, weight, EPS), 1e-5, what="rms_norm")
 
 
-def test_rms_norm_in_place(rng, stream):
+def test_rms_norm_in_place(rng, stream, dev):
     x, weight = randn(rng, 4, 896), randn(rng, 896)
     buffer = to_device(x, stream)
-    kernels.rms_norm_f32(buffer.ptr, to_device(weight, stream).ptr, buffer.ptr, 4, 896, EPS, stream.handle)
+    kernels.rms_norm_f32(buffer.ptr, dev(weight), buffer.ptr, 4, 896, EPS, stream.handle)
     assert_close(from_device(buffer, (4, 896), np.float32, stream), rms_norm(x, weight, EPS), 1e-5)
 
 
@@ -46,13 +46,13 @@ ROPE_CASES = [
 
 
 @pytest.mark.parametrize(("n_tokens", "n_heads", "head_dim", "n_rot", "freq_base", "mode"), ROPE_CASES)
-def test_rope(rng, stream, n_tokens, n_heads, head_dim, n_rot, freq_base, mode):
+def test_rope(rng, stream, dev, n_tokens, n_heads, head_dim, n_rot, freq_base, mode):
     x = randn(rng, n_tokens, n_heads * head_dim)
     positions = rng.choice(100_000, size=n_tokens, replace=False).astype(np.int32)
     buffer = to_device(x, stream)
     kernels.rope_f32(
         buffer.ptr,
-        to_device(positions, stream).ptr,
+        dev(positions),
         n_tokens,
         n_heads,
         head_dim,

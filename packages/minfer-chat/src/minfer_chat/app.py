@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.content import Content
+from textual.reactive import reactive
 from textual.worker import get_current_worker
 
 import minfer
 from minfer import ChatSession, Generation, MinferError, SamplingParams
 from minfer_chat.commands import (
     COMMANDS,
-    SAMPLING_FIELDS,
+    SAMPLING_SETTERS,
     CommandError,
     SlashCommand,
     is_command,
@@ -70,31 +72,38 @@ class ChatOptions:
 
 
 class ChatApp(App[None]):
+    """Header, conversation, message box and status line around one `minfer.ChatSession`."""
+
     TITLE = "minfer-chat"
     CSS_PATH = "app.tcss"
-    BINDINGS = [Binding("escape", "stop_reply", "stop the reply", show=False)]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "stop_reply", "stop the reply", show=False)]
+
+    streaming: reactive[bool] = reactive(False, init=False)  # a reply is being generated
 
     def __init__(self, options: ChatOptions) -> None:
         super().__init__()
         self.options = options
-        self.chat: ChatSession | None = None  # set once the model has loaded
+        self.session: ChatSession | None = None  # set once the model has loaded
         self.load_error: str | None = None  # why the model did not load; the app then exits
-        self.streaming = False
         self._stop_requested = threading.Event()  # set by Esc, read by the reply worker between tokens
         self.command_handlers: dict[str, Callable[[SlashCommand, str], None]] = {
             "help": self.show_help,
             "clear": self.clear_conversation,
             "regen": self.regenerate,
             "system": self.set_system_prompt,
-            "temp": self.set_sampling,
-            "top-p": self.set_sampling,
-            "top-k": self.set_sampling,
-            "seed": self.set_sampling,
+            **dict.fromkeys(SAMPLING_SETTERS, self.set_sampling),
             "max-tokens": self.set_max_tokens,
             "save": self.save_conversation,
             "stats": self.show_stats,
             "quit": self.quit_app,
         }
+
+    @property
+    def chat(self) -> ChatSession:
+        """The conversation. The message box is disabled until the model has loaded, so input always has one."""
+        if self.session is None:
+            raise RuntimeError("the model has not loaded yet")
+        return self.session
 
     def compose(self) -> ComposeResult:
         yield ModelHeader(id="header")
@@ -105,13 +114,13 @@ class ChatApp(App[None]):
 
     def on_mount(self) -> None:
         self.query_one("#conversation").anchor()  # follow new text until the user scrolls up
-        self.load_model()
+        self.load_model(self.query_one(LoadingPanel))
 
     # -- loading ----------------------------------------------------------------------------------
 
     @work(thread=True)
-    def load_model(self) -> None:
-        panel = self.query_one(LoadingPanel)
+    def load_model(self, panel: LoadingPanel) -> None:
+        """Open the model and load its weights (seconds, for a large one) off the UI thread, showing progress."""
 
         def report_progress(done_bytes: int, total_bytes: int) -> None:
             self.call_from_thread(panel.show_progress, done_bytes, total_bytes)
@@ -121,6 +130,11 @@ class ChatApp(App[None]):
             engine = minfer.load(
                 options.model, backend=options.backend, ctx_size=options.ctx_size, progress=report_progress
             )
+            if options.max_tokens >= engine.ctx_size:
+                raise MinferError(
+                    f"--max-tokens {options.max_tokens} leaves no room for the conversation in the context "
+                    f"({engine.ctx_size} tokens): lower it or raise --ctx-size"
+                )
             chat = engine.chat(system=options.system, sampling=options.sampling, max_tokens=options.max_tokens)
         except MinferError as exc:
             self.call_from_thread(self.fail_to_load, str(exc))
@@ -132,12 +146,14 @@ class ChatApp(App[None]):
         self.exit(return_code=1)
 
     async def model_loaded(self, chat: ChatSession) -> None:
-        self.chat = chat
+        self.session = chat
         info = chat.engine.info
         self.query_one(ModelHeader).show_model(info)
         status = self.query_one(StatusLine)
         status.backend, status.ctx_size = info.backend, chat.ctx_size
         await self.query_one(LoadingPanel).remove()
+        if chat.system:
+            self.notice(f"System prompt: {chat.system}")
         self.notice("Type a message and press Enter. /help lists the commands.")
         prompt = self.query_one(PromptInput)
         prompt.disabled = False
@@ -147,25 +163,31 @@ class ChatApp(App[None]):
 
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
-        if not text or self.chat is None:
+        if not text:
             return
-        prompt = self.query_one(PromptInput)
-        if not is_command(text):
-            if self.streaming:
-                self.notice("A reply is still streaming: press Esc to stop it, then send.", error=True)
-                return
-            prompt.commit()
-            self.send_message(text)
+        if self.streaming and self.waits_for_reply(text):
+            # Leave the text in the box: it can be sent once the reply is done.
+            self.notice("A reply is streaming: press Esc to stop it, or wait for it to finish.", error=True)
             return
+        self.query_one(PromptInput).commit()
         try:
-            command, argument = parse_command(text)
-            if self.streaming and not command.while_streaming:
-                raise CommandError(f"/{command.name} waits for the reply to finish (Esc stops it)")
-            prompt.commit()
-            self.command_handlers[command.name](command, argument)
+            if is_command(text):
+                command, argument = parse_command(text)
+                self.command_handlers[command.name](command, argument)
+            else:
+                self.send_message(text)
         except CommandError as exc:
-            prompt.commit()
             self.notice(str(exc), error=True)
+
+    def waits_for_reply(self, text: str) -> bool:
+        """Whether `text` has to wait while a reply streams: messages, and commands that touch the conversation."""
+        if not is_command(text):
+            return True
+        try:
+            command, _ = parse_command(text)
+        except CommandError:
+            return False  # not a command at all: say so right away
+        return not command.while_streaming
 
     def notice(self, text: str, *, error: bool = False) -> None:
         """Add a line from the app (command output, a notice, an error) to the conversation."""
@@ -174,16 +196,14 @@ class ChatApp(App[None]):
     # -- replies ----------------------------------------------------------------------------------
 
     def send_message(self, text: str) -> None:
-        assert self.chat is not None
         self.query_one("#conversation").mount(UserMessage(text))
         self.start_reply(self.chat.send(text))
 
     def start_reply(self, pieces: Iterator[str]) -> None:
-        assert self.chat is not None
+        """Show an empty reply and fill it from a worker thread: `pieces` runs the engine as it is iterated."""
         reply = AssistantMessage()
         self.query_one("#conversation").mount(reply)
         self.streaming = True
-        self.query_one(StatusLine).streaming = True
         self._stop_requested.clear()
         self.stream_reply(pieces, reply, self.chat.last)
 
@@ -207,11 +227,12 @@ class ChatApp(App[None]):
     def action_stop_reply(self) -> None:
         self._stop_requested.set()
 
+    def watch_streaming(self, streaming: bool) -> None:
+        self.query_one(StatusLine).streaming = streaming  # it shows how to stop the reply
+
     async def finish_reply(self, reply: AssistantMessage, previous: Generation | None, error: str | None) -> None:
-        assert self.chat is not None
+        """Back on the UI thread once the worker is done: render the reply, update the status line."""
         self.streaming = False
-        status = self.query_one(StatusLine)
-        status.streaming = False
         generation = self.chat.last
         if generation is None or generation is previous:
             # The session refused the message before generating (it does not fit the context, say):
@@ -219,8 +240,8 @@ class ChatApp(App[None]):
             await self.query_one("#conversation").query(UserMessage).last().remove()
             await reply.remove()
         else:
-            await reply.complete(self.chat.turns[-1]["content"], generation.stats.stop_reason)
-            status.show_reply(generation.stats, self.chat.context_used)
+            await reply.complete(generation.text, generation.stats.stop_reason)
+            self.query_one(StatusLine).show_reply(generation.stats, self.chat.context_used)
             self.mark_dropped_turns(self.chat.dropped_turns)
         if error:
             self.notice(error, error=True)
@@ -247,14 +268,12 @@ class ChatApp(App[None]):
         self.notice("\n".join(lines))
 
     def clear_conversation(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
         self.chat.clear()
         self.query_one("#conversation").remove_children()
         self.query_one(StatusLine).context_used = 0
         self.notice("New conversation.")
 
     def regenerate(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
         try:
             pieces = self.chat.regenerate()
         except MinferError as exc:
@@ -263,7 +282,6 @@ class ChatApp(App[None]):
         self.start_reply(pieces)
 
     def set_system_prompt(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
         self.chat.system = argument or None
         if argument:
             self.notice("System prompt set; the next reply reads the conversation again with it.")
@@ -271,18 +289,17 @@ class ChatApp(App[None]):
             self.notice("System prompt removed.")
 
     def set_sampling(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
         self.chat.sampling = updated_sampling(self.chat.sampling, command, argument)
-        field_name = SAMPLING_FIELDS[command.name]
+        field_name, _ = SAMPLING_SETTERS[command.name]
         self.notice(f"{field_name} = {getattr(self.chat.sampling, field_name)}")
 
     def set_max_tokens(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
-        self.chat.max_tokens = parse_max_tokens(command, argument, self.chat.ctx_size)
+        self.chat.max_tokens = parse_max_tokens(
+            command, argument, current=self.chat.max_tokens, ctx_size=self.chat.ctx_size
+        )
         self.notice(f"max_tokens = {self.chat.max_tokens}")
 
     def save_conversation(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
         if not argument:
             raise CommandError(f"{command.usage}: give a file name (.json for JSON, else Markdown)")
         try:
@@ -292,9 +309,8 @@ class ChatApp(App[None]):
         self.notice(f"Saved {len(self.chat.messages)} messages to {path}.")
 
     def show_stats(self, command: SlashCommand, argument: str) -> None:
-        assert self.chat is not None
         chat = self.chat
-        lines = []
+        lines: list[str] = []
         if chat.last is not None:
             stats = chat.last.stats
             lines += [
@@ -305,7 +321,7 @@ class ChatApp(App[None]):
             ]
         else:
             lines.append("no reply yet")
-        sampling = ", ".join(f"{name}={value}" for name, value in vars(chat.sampling).items())
+        sampling = ", ".join(f"{name}={value}" for name, value in asdict(chat.sampling).items())
         lines += [
             f"context     {chat.context_used}/{chat.ctx_size} tokens, {len(chat.turns)} messages",
             f"sampling    {sampling}, max_tokens={chat.max_tokens}",
@@ -314,5 +330,4 @@ class ChatApp(App[None]):
         self.notice("\n".join(lines))
 
     def quit_app(self, command: SlashCommand, argument: str) -> None:
-        self._stop_requested.set()
-        self.exit()
+        self.exit()  # a streaming reply stops too: textual cancels the worker, which checks between tokens

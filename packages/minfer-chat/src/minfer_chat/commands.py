@@ -2,12 +2,13 @@
 
 Everything here is plain Python, apart from the UI, so a typo like `/temp 9x`
 becomes a `CommandError` with a one-line message that the app shows inline.
-What each command *does* lives in the app (`ChatApp.COMMAND_HANDLERS`).
+What each command *does* lives in the app (`ChatApp.command_handlers`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from minfer import MinferError, SamplingParams
@@ -47,21 +48,24 @@ COMMANDS: dict[str, SlashCommand] = {
     )
 }
 
-# The commands that change one sampling parameter: command name -> SamplingParams field.
-SAMPLING_FIELDS = {"temp": "temperature", "top-p": "top_p", "top-k": "top_k", "seed": "seed"}
-
 
 def is_command(text: str) -> bool:
     return text.startswith("/")
 
 
 def parse_command(text: str) -> tuple[SlashCommand, str]:
-    """`/name rest of line` -> (the command, its argument with surrounding whitespace removed)."""
-    name, _, argument = text.strip().removeprefix("/").partition(" ")
+    """`/name the rest` -> (the command, the rest without surrounding whitespace; it may span lines)."""
+    name_and_rest = text.strip().removeprefix("/").split(maxsplit=1)
+    name = name_and_rest[0] if name_and_rest else ""
+    argument = name_and_rest[1] if len(name_and_rest) == 2 else ""
     if name not in COMMANDS:
-        shown = f"/{name}" if name else "/"
-        raise CommandError(f"unknown command {shown}: /help lists the commands")
+        raise CommandError(f"unknown command /{name}: /help lists the commands")
     return COMMANDS[name], argument.strip()
+
+
+def require_value(command: SlashCommand, argument: str, current: object) -> None:
+    if not argument:
+        raise CommandError(f"{command.usage}: give a value (now {current})")
 
 
 def parse_float(command: SlashCommand, argument: str) -> float:
@@ -78,26 +82,33 @@ def parse_int(command: SlashCommand, argument: str) -> int:
         raise CommandError(f"{command.usage}: {argument!r} is not a whole number") from None
 
 
+def parse_seed(command: SlashCommand, argument: str) -> int | None:
+    """A seed, or None (a fresh one for every reply) for `off`."""
+    return None if argument == "off" else parse_int(command, argument)
+
+
+# The commands that set one sampling parameter: command name -> (SamplingParams field, how to read the value).
+SAMPLING_SETTERS: dict[str, tuple[str, Callable[[SlashCommand, str], float | int | None]]] = {
+    "temp": ("temperature", parse_float),
+    "top-p": ("top_p", parse_float),
+    "top-k": ("top_k", parse_int),
+    "seed": ("seed", parse_seed),
+}
+
+
 def updated_sampling(sampling: SamplingParams, command: SlashCommand, argument: str) -> SamplingParams:
-    """The sampling parameters with the one that `command` names set from `argument`."""
-    field = SAMPLING_FIELDS[command.name]
-    if not argument:
-        raise CommandError(f"{command.usage}: give a value (now {getattr(sampling, field)})")
-    value: float | int | None
-    if command.name == "seed":
-        value = None if argument == "off" else parse_int(command, argument)
-    elif command.argument == "N":
-        value = parse_int(command, argument)
-    else:
-        value = parse_float(command, argument)
+    """The sampling parameters with the one that `command` sets read from `argument`."""
+    field, parse = SAMPLING_SETTERS[command.name]
+    require_value(command, argument, getattr(sampling, field))
     try:
-        return dataclasses.replace(sampling, **{field: value})
+        return dataclasses.replace(sampling, **{field: parse(command, argument)})
     except MinferError as exc:  # the runtime checks the ranges: one source of truth
         raise CommandError(f"{command.usage}: {exc}") from None
 
 
-def parse_max_tokens(command: SlashCommand, argument: str, ctx_size: int) -> int:
+def parse_max_tokens(command: SlashCommand, argument: str, *, current: int, ctx_size: int) -> int:
     """A reply budget that leaves room in the context for at least one token of prompt."""
+    require_value(command, argument, current)
     value = parse_int(command, argument)
     if not 1 <= value < ctx_size:
         raise CommandError(f"{command.usage}: must be between 1 and {ctx_size - 1} (the context holds {ctx_size})")

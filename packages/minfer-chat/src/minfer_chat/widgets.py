@@ -6,13 +6,16 @@ They only display what the app hands them; none of them talks to the engine.
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.content import Content
 from textual.events import Key
 from textual.message import Message
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Label, Markdown, ProgressBar, Static, TextArea
 
 from minfer import GenerationStats, ModelInfo
@@ -25,6 +28,7 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def printable(text: str) -> str:
+    """`text` without control characters, safe to hand to the terminal (and to an SVG screenshot)."""
     return CONTROL_CHARACTERS.sub("", text)
 
 
@@ -42,8 +46,8 @@ def describe_parameters(n_parameters: int) -> str:
 class ModelHeader(Static):
     """One line naming the model and where it runs; it says "loading" until the model is ready."""
 
-    def on_mount(self) -> None:
-        self.update(Content.assemble(("minfer-chat", "bold"), "  loading the model…"))
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(Content.assemble(("minfer-chat", "bold"), "  loading the model…"), id=id)
 
     def show_model(self, info: ModelInfo) -> None:
         self.update(
@@ -81,20 +85,23 @@ class UserMessage(Static):
 class AssistantMessage(Vertical):
     """A reply: plain text while it streams (cheap to update per token), Markdown once complete."""
 
+    # Marks the end of a reply that is still coming (before the first piece: the prompt is being read).
+    CURSOR = "▍"
+
     def __init__(self) -> None:
         super().__init__(classes="message")
         self.border_title = "assistant"
         self.text = ""
 
     def compose(self) -> ComposeResult:
-        yield Static(classes="streaming")
+        yield Static(self.CURSOR, classes="streaming")
 
     def append(self, piece: str) -> None:
         self.text += piece
-        self.query_one(".streaming", Static).update(Content(printable(self.text)))
+        self.query_one(".streaming", Static).update(Content(printable(self.text) + self.CURSOR))
 
     async def complete(self, text: str, stop_reason: str) -> None:
-        """Show the finished reply as Markdown, with a note when it did not end on its own."""
+        """Show the finished reply (the session's copy of it) as Markdown, noting why it ended if not on its own."""
         self.text = text
         await self.query_one(".streaming").remove()
         shown = printable(text)
@@ -113,7 +120,7 @@ class PromptInput(TextArea):
     its line breaks. The app decides whether to take a submission; when it does, it calls `commit()`.
     """
 
-    BINDINGS = [("up", "history_back"), ("down", "history_forward")]
+    BINDINGS: ClassVar[list[BindingType]] = [("up", "history_back"), ("down", "history_forward")]
     NEWLINE_KEYS = frozenset({"ctrl+j", "shift+enter", "alt+enter"})
 
     class Submitted(Message):
@@ -121,7 +128,7 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 (textual's name for it)
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(
             id=id,
             soft_wrap=True,
@@ -172,7 +179,7 @@ class PromptInput(TextArea):
         self.move_cursor(self.document.end)
 
 
-class StatusLine(Static):
+class StatusLine(Widget):
     """Speeds of the last reply, context use and backend, plus a reminder of the keys."""
 
     prompt_speed: reactive[float | None] = reactive(None)  # tokens/s of the last prefill
@@ -188,6 +195,9 @@ class StatusLine(Static):
         self.context_used = context_used
 
     def render(self) -> Content:
+        if not self.backend:
+            return Content("loading the model…")
+
         def speed(value: float | None) -> str:
             return "–" if value is None else f"{value:.1f} tok/s"
 

@@ -205,6 +205,12 @@ def check_text(what: str, text: str | None) -> None:
         raise MinferError(f"the {what} is not valid UTF-8 text") from None
 
 
+def print_op_timing(engine: Engine) -> None:
+    report = engine.backend.op_timing_report()
+    if report is not None:
+        sys.stderr.write(report + "\n")
+
+
 def command_run(args: argparse.Namespace) -> int:
     model, prompt = split_run_args(args.args)
     sampling = sampling_from(args)
@@ -241,6 +247,7 @@ def command_run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if not args.no_stats:
         print_stats(engine.last_stats)
+    print_op_timing(engine)
     return status
 
 
@@ -248,6 +255,7 @@ def command_bench(args: argparse.Namespace) -> int:
     engine = load_engine(args.model, args)
     results = bench.bench(engine, prompt_sizes=args.n_prompt, gen_sizes=args.n_gen, repetitions=args.repetitions)
     print(bench.to_json(results) if args.output == "json" else bench.to_markdown(results))
+    print_op_timing(engine)
     return 0
 
 

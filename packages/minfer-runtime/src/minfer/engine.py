@@ -107,7 +107,8 @@ class Engine:
         program = schedule(build_graph(self.config, n_tokens, self.ctx_size), self.backend)
         self._programs[n_tokens] = program
         if len(self._programs) > GRAPH_CACHE_SIZE:
-            self._programs.popitem(last=False)
+            _, evicted = self._programs.popitem(last=False)
+            evicted.release()
         return program
 
     def forward(self, tokens: Sequence[int], start: int) -> Program:

@@ -36,6 +36,9 @@ class CompiledGraph(ABC):
         """Index of the largest value of a one-row output (greedy decoding)."""
         return int(np.argmax(self.read(tensor)[0]))
 
+    def release(self) -> None:  # noqa: B027 (most backends have nothing to give back)
+        """Give scratch memory back to the backend: the graph will not run again."""
+
 
 class Backend(ABC):
     name: str
@@ -54,3 +57,7 @@ class Backend(ABC):
 
     @abstractmethod
     def compile(self, graph: Graph, plan: BufferPlan) -> CompiledGraph: ...
+
+    def op_timing_report(self) -> str | None:
+        """A per-op timing table when the backend measured one (MINFER_OP_TIMING=1), else None."""
+        return None

@@ -36,6 +36,9 @@ class Program:
     def argmax(self, output: str) -> int:
         return self.compiled.argmax(self.graph.outputs[output])
 
+    def release(self) -> None:
+        self.compiled.release()
+
 
 def assign_backends(graph: Graph, backend: Backend) -> dict[str, str]:
     """Node name -> backend name, refusing the first node the backend cannot run."""

@@ -6,6 +6,7 @@ by its spec, weight type and seed: the same call writes the same bytes.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 from dataclasses import dataclass, replace
@@ -142,3 +143,19 @@ def weights_digest(gguf: GGUFFile) -> str:
         digest.update(f"{name}:{tensor.qtype.name}:{list(tensor.shape)}".encode())
         digest.update(tensor.raw_bytes().tobytes())
     return digest.hexdigest()
+
+
+def main() -> None:
+    """`python -m minfer.testing.synthetic OUT.gguf --preset qwen2.5-0.5b --weight-type Q4_0`: a benchmark model."""
+    parser = argparse.ArgumentParser(description="Write a synthetic GGUF model with random weights.")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2.5-0.5b")
+    parser.add_argument("--weight-type", choices=sorted(WEIGHT_TYPES), default="Q4_0")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    path = write_synthetic_model(args.out, args.preset, weight_type=args.weight_type, seed=args.seed)
+    print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

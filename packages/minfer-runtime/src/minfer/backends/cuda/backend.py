@@ -1,0 +1,332 @@
+"""The CUDA backend: every op of the llama-family graph on the GPU, one graph launch per step.
+
+Compiling a graph checks every node's preconditions (raising an error that names
+the node before anything launches) and binds each node to its kernel launches
+with every pointer resolved, so running is a loop over prepared calls. Runs 1-2
+of a compiled graph launch node by node (warm-up); run 3 is captured into a CUDA
+graph on the backend's own stream (thread-local mode, nothing synchronizes inside
+the window); later runs replay it with one launch. Positions, token ids and the
+KV length are device data written before each run, so one decode graph serves
+every step. MINFER_NO_CUDA_GRAPH=1 turns replay off; MINFER_OP_TIMING=1 times
+every node with events (and also runs node by node).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+import minfer_kernels as mk
+from minfer.backends.base import Backend, CompiledGraph, ProgressCallback
+from minfer.backends.cuda.memory import Readback, ScratchPool, StagingRing, WeightRegistry, allocate
+from minfer.backends.cuda.timing import OpTimer
+from minfer.errors import BackendError
+from minfer.gguf_file import GGUFFile
+from minfer.graph.alloc import BufferPlan
+from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+
+# Weight and table formats the kernels read directly (their GGML type ids are the kernels' type ids).
+KERNEL_TYPES = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q8_0,
+    }
+)
+MAX_ROWS_PER_LAUNCH = 65535  # rows sit on a grid's y axis
+DECODE_ATTENTION_SPLITS = 32  # cache pieces of split-K decode attention; fixed so a captured graph stays valid
+
+
+def replay_enabled() -> bool:
+    return os.environ.get("MINFER_NO_CUDA_GRAPH", "") in ("", "0")
+
+
+def op_timing_enabled() -> bool:
+    return os.environ.get("MINFER_OP_TIMING", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One prepared kernel call: the launcher and its arguments, pointers already resolved."""
+
+    kernel: Callable[..., None]
+    args: tuple
+
+
+class CudaCompiledGraph(CompiledGraph):
+    WARMUP_RUNS = 2  # runs before the capture, as llama.cpp does: first-use costs stay out of the graph
+
+    def __init__(self, backend: CudaBackend, graph: Graph, plan: BufferPlan) -> None:
+        self.backend = backend
+        self.graph = graph
+        self.plan = plan
+        for node in graph.nodes:
+            backend.check(node)
+        self.slots = [backend.pool.acquire(n, f"scratch buffer {i}") for i, n in enumerate(plan.slot_nbytes)]
+        self.inputs = {name: allocate(t.nbytes, f"input '{name}'") for name, t in graph.inputs.items()}
+        self.argmax_out = allocate(4, "the argmax result")
+        self.workspace = allocate(backend.attention_workspace_bytes(graph), "the attention workspace")
+        self.launches = [self.bind(node) for node in graph.nodes]
+        self.runs = 0
+        self.cuda_graph: mk.Graph | None = None
+
+    # -- pointers ---------------------------------------------------------------------------------
+
+    def ptr(self, tensor: Tensor) -> int:
+        if tensor.kind is TensorKind.ACTIVATION:
+            return self.slots[self.plan.slot_of[tensor.name]].ptr
+        if tensor.kind is TensorKind.WEIGHT:
+            return self.backend.weights.ptr(tensor.name)
+        if tensor.kind is TensorKind.STATE:
+            return self.backend.states[tensor.name].ptr
+        return self.inputs[tensor.name].ptr
+
+    # -- binding: one arm per op ------------------------------------------------------------------
+
+    def bind(self, node: Node) -> list[Launch]:
+        launches = []
+        if node.inplace_input is not None and node.name not in self.plan.aliased and node.op in IN_PLACE_KERNELS:
+            # Alias rule: the allocator gave the output its own buffer, so the in-place kernel works on a copy.
+            source = node.inputs[node.inplace_input]
+            launches.append(
+                Launch(mk.copy_d2d, (self.ptr(node.output), self.ptr(source), source.nbytes, self.backend.stream))
+            )
+        return launches + BINDERS[node.op](self, node)
+
+    def bind_embed(self, node: Node) -> list[Launch]:
+        table, tokens = node.inputs
+        n_rows, d = table.shape
+        kind = int(self.backend.weight_types[table.name])
+        args = (self.ptr(table), kind, self.ptr(tokens), self.ptr(node.output), tokens.shape[0], d, n_rows)
+        return [Launch(mk.kernels.embed_rows, (*args, self.backend.stream))]
+
+    def bind_rms_norm(self, node: Node) -> list[Launch]:
+        x, weight = node.inputs
+        rows, d = x.shape
+        args = (self.ptr(x), self.ptr(weight), self.ptr(node.output), rows, d, node.params["eps"])
+        return [Launch(mk.kernels.rms_norm_f32, (*args, self.backend.stream))]
+
+    def bind_matmul(self, node: Node) -> list[Launch]:
+        x, weight = node.inputs
+        out_features, in_features = weight.shape
+        kind = int(self.backend.weight_types[weight.name])
+        args = (self.ptr(weight), kind, self.ptr(x), self.ptr(node.output), in_features, out_features, x.shape[0])
+        return [Launch(mk.kernels.matmul, (*args, self.backend.stream))]
+
+    def bind_add_bias(self, node: Node) -> list[Launch]:
+        rows, d = node.output.shape
+        args = (self.ptr(node.output), self.ptr(node.inputs[1]), rows, d)
+        return [Launch(mk.kernels.add_bias_f32, (*args, self.backend.stream))]
+
+    def bind_rope(self, node: Node) -> list[Launch]:
+        p = node.params
+        mode = mk.kernels.ROPE_NEOX if p["neox"] else mk.kernels.ROPE_NORMAL
+        positions = node.inputs[1]
+        args = (self.ptr(node.output), self.ptr(positions), positions.shape[0], p["n_heads"], p["head_dim"])
+        return [Launch(mk.kernels.rope_f32, (*args, p["rope_dim"], p["theta"], mode, self.backend.stream))]
+
+    def bind_kv_store(self, node: Node) -> list[Launch]:
+        k, v, positions = node.inputs
+        cache_k, cache_v = node.writes
+        n_ctx, kv_dim = cache_k.shape
+        args = (self.ptr(k), self.ptr(v), self.ptr(cache_k), self.ptr(cache_v), self.ptr(positions))
+        return [Launch(mk.kernels.kv_store_f32, (*args, k.shape[0], kv_dim, n_ctx, self.backend.stream))]
+
+    def bind_attention(self, node: Node) -> list[Launch]:
+        q, cache_k, cache_v, positions, kv_len = node.inputs
+        p = node.params
+        heads = (p["n_heads"], p["n_kv_heads"], p["head_dim"], cache_k.shape[0])
+        caches = (self.ptr(q), self.ptr(cache_k), self.ptr(cache_v), self.ptr(node.output))
+        if q.shape[0] == 1:
+            # Decode reads the KV length from device memory: the same launch serves every step.
+            extra = (self.ptr(kv_len), self.workspace.ptr)
+            args = (*caches, *extra, *heads, DECODE_ATTENTION_SPLITS, self.backend.stream)
+            return [Launch(mk.kernels.attention_decode_f32, args)]
+        args = (*caches, self.ptr(positions), q.shape[0], *heads, self.backend.stream)
+        return [Launch(mk.kernels.attention_prefill_f32, args)]
+
+    def bind_add(self, node: Node) -> list[Launch]:
+        a, b = node.inputs
+        args = (self.ptr(a), self.ptr(b), self.ptr(node.output), node.output.n_elements)
+        return [Launch(mk.kernels.add_f32, (*args, self.backend.stream))]
+
+    def bind_swiglu(self, node: Node) -> list[Launch]:
+        gate, up = node.inputs
+        rows, d = node.output.shape
+        args = (self.ptr(gate), self.ptr(up), self.ptr(node.output), rows, d, d)
+        return [Launch(mk.kernels.swiglu_f32, (*args, self.backend.stream))]
+
+    def bind_last_row(self, node: Node) -> list[Launch]:
+        (x,) = node.inputs
+        row_bytes = node.output.nbytes
+        source = self.ptr(x) + (x.shape[0] - 1) * row_bytes
+        return [Launch(mk.copy_d2d, (self.ptr(node.output), source, row_bytes, self.backend.stream))]
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def run(self, inputs: dict[str, np.ndarray]) -> None:
+        for name, tensor in self.graph.inputs.items():
+            value = np.asarray(inputs[name], dtype=np.int32)
+            if value.shape != tensor.shape:
+                raise BackendError(f"cuda: input '{name}' has shape {value.shape}, the graph expects {tensor.shape}")
+            self.backend.staging.upload(self.inputs[name], value)
+        stream = self.backend.stream
+        if self.backend.timer is not None:
+            self.launch_timed()
+        elif self.cuda_graph is not None:
+            self.cuda_graph.launch(stream)
+        elif replay_enabled() and self.runs >= self.WARMUP_RUNS:
+            mk.begin_capture(stream)
+            try:
+                self.launch_all()
+            finally:
+                graph = mk.end_capture(stream)
+            self.cuda_graph = graph
+            self.cuda_graph.launch(stream)
+        else:
+            self.launch_all()
+        self.runs += 1
+
+    def launch_all(self) -> None:
+        for launches in self.launches:
+            for launch in launches:
+                launch.kernel(*launch.args)
+
+    def launch_timed(self) -> None:
+        stream = self.backend.stream
+        events = [mk.Event() for _ in range(len(self.launches) + 1)]
+        events[0].record(stream)
+        for index, launches in enumerate(self.launches):
+            for launch in launches:
+                launch.kernel(*launch.args)
+            events[index + 1].record(stream)
+        mk.sync(stream)
+        self.backend.timer.measure([node.op.value for node in self.graph.nodes], events)
+
+    def read(self, tensor: Tensor) -> np.ndarray:
+        buffer = self.slots[self.plan.slot_of[tensor.name]]
+        return self.backend.readback.read(buffer, tensor.nbytes, np.dtype(np.float32), tensor.shape)
+
+    def argmax(self, tensor: Tensor) -> int:
+        """The greedy pick on the device: only 4 bytes come back."""
+        rows, n = tensor.shape
+        if rows != 1:
+            raise BackendError(f"cuda: argmax of '{tensor.name}' needs one row, it has {rows}")
+        mk.kernels.argmax_f32(self.ptr(tensor), self.argmax_out.ptr, 1, n, self.backend.stream)
+        return int(self.backend.readback.read(self.argmax_out, 4, np.dtype(np.int32), (1,))[0])
+
+    def release(self) -> None:
+        """Give the scratch buffers back to the pool (the captured graph that used them goes first)."""
+        self.cuda_graph = None
+        self.backend.pool.release(self.slots)
+        self.slots = []
+
+
+IN_PLACE_KERNELS = frozenset({Op.ADD_BIAS, Op.ROPE})  # kernels that read and write one buffer
+
+BINDERS: dict[Op, Callable[[CudaCompiledGraph, Node], list[Launch]]] = {
+    Op.EMBED: CudaCompiledGraph.bind_embed,
+    Op.RMS_NORM: CudaCompiledGraph.bind_rms_norm,
+    Op.MATMUL: CudaCompiledGraph.bind_matmul,
+    Op.ADD_BIAS: CudaCompiledGraph.bind_add_bias,
+    Op.ROPE: CudaCompiledGraph.bind_rope,
+    Op.KV_STORE: CudaCompiledGraph.bind_kv_store,
+    Op.ATTENTION: CudaCompiledGraph.bind_attention,
+    Op.ADD: CudaCompiledGraph.bind_add,
+    Op.SWIGLU: CudaCompiledGraph.bind_swiglu,
+    Op.LAST_ROW: CudaCompiledGraph.bind_last_row,
+}
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, device: int = 0) -> None:
+        mk.set_device(device)
+        info = mk.devices()[device]
+        self.device_name = f"{info.name} (sm_{info.compute_capability[0]}{info.compute_capability[1]})"
+        self.stream_owner = mk.Stream()  # one non-blocking stream per backend: the order of all its work
+        self.stream = self.stream_owner.handle
+        self.weights = WeightRegistry(self.stream)
+        self.weight_types: dict[str, GGMLQuantizationType] = {}
+        self.states: dict[str, mk.DeviceBuffer] = {}
+        self.pool = ScratchPool()
+        self.staging = StagingRing(self.stream)
+        self.readback = Readback(self.stream)
+        self.timer = OpTimer() if op_timing_enabled() else None
+
+    def supports(self, op: Op) -> bool:
+        return op in BINDERS
+
+    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
+        tensors = [gguf.tensor(name) for name in names]
+        for tensor in tensors:
+            if tensor.qtype not in KERNEL_TYPES:
+                raise BackendError(
+                    f"cuda: tensor '{tensor.name}' is {tensor.qtype.name}; the CUDA kernels read "
+                    f"{', '.join(sorted(t.name for t in KERNEL_TYPES))} (use --backend cpu for this model)"
+                )
+        total, done = sum(t.nbytes for t in tensors), 0
+        for tensor in tensors:
+            self.weights.register(tensor.name, tensor.raw_bytes())
+            self.weight_types[tensor.name] = tensor.qtype
+            done += tensor.nbytes
+            if progress is not None:
+                progress(done, total)
+        mk.sync(self.stream)
+
+    def allocate_states(self, states: list[Tensor]) -> None:
+        for tensor in states:
+            current = self.states.get(tensor.name)
+            if current is None or current.nbytes != tensor.nbytes:
+                buffer = allocate(tensor.nbytes, f"KV cache '{tensor.name}'")
+                buffer.copy_from_host(np.zeros(tensor.nbytes, dtype=np.uint8), self.stream)
+                self.states[tensor.name] = buffer
+
+    def compile(self, graph: Graph, plan: BufferPlan) -> CudaCompiledGraph:
+        return CudaCompiledGraph(self, graph, plan)
+
+    def attention_workspace_bytes(self, graph: Graph) -> int:
+        decode = [n for n in graph.nodes if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1]
+        if not decode:
+            return 0
+        p = decode[0].params
+        return mk.kernels.attention_decode_workspace_bytes(p["n_heads"], p["head_dim"], DECODE_ATTENTION_SPLITS)
+
+    def op_timing_report(self) -> str | None:
+        return self.timer.table() if self.timer is not None and self.timer.steps else None
+
+    # -- preconditions, checked for every node when a graph is compiled, before any launch ----------
+
+    def check(self, node: Node) -> None:
+        def refuse(reason: str) -> BackendError:
+            return BackendError(f"cuda: {node.name}: {reason}")
+
+        rows = (node.output or node.inputs[0]).shape[0]  # tokens: what the kernels put on a grid's y axis
+        if rows > MAX_ROWS_PER_LAUNCH:
+            raise refuse(f"{rows} rows exceed the {MAX_ROWS_PER_LAUNCH} a launch can cover")
+        for tensor in node.inputs:
+            if tensor.kind is TensorKind.WEIGHT and tensor.name not in self.weights.buffers:
+                raise refuse(f"weight '{tensor.name}' is not in the weight registry")
+            if tensor.kind is TensorKind.STATE and tensor.name not in self.states:
+                raise refuse(f"state '{tensor.name}' is not allocated")
+        if node.op in (Op.MATMUL, Op.EMBED):
+            weight = node.inputs[1] if node.op is Op.MATMUL else node.inputs[0]
+            try:
+                mk.row_bytes(int(self.weight_types[weight.name]), weight.shape[1])
+            except ValueError as exc:
+                raise refuse(str(exc)) from None
+        if node.op is Op.ADD and node.inputs[0].shape != node.inputs[1].shape:
+            raise refuse(f"add input size mismatch ({node.inputs[0].shape} vs {node.inputs[1].shape})")
+        if node.op in (Op.ROPE, Op.ATTENTION):
+            head_dim = node.params["head_dim"]
+            if head_dim % 32 or head_dim > 256:
+                raise refuse(f"head size {head_dim} is not a multiple of 32 up to 256, as the kernels need")
+        if node.op is Op.ATTENTION and node.params["n_heads"] % node.params["n_kv_heads"]:
+            raise refuse("query heads are not a multiple of the KV heads")

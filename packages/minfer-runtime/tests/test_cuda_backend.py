@@ -1,0 +1,210 @@
+"""The CUDA backend against the CPU backend (the quality model), on synthetic and real models.
+
+Every test here needs an NVIDIA GPU and the minfer-kernels package; elsewhere they
+skip with the reason (tools/gpu-check.sh sets MINFER_REQUIRE_GPU=1, which turns a
+skip into a failure).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import quants as gguf_quants
+
+import minfer
+from minfer.backends import create_backend, cuda_unavailable_reason
+from minfer.errors import BackendError
+from minfer.gguf_file import GGUFFile
+from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.graph.scheduler import schedule
+from minfer.sampler import SamplingParams
+from minfer.testing.synthetic import scaled
+
+pytestmark = pytest.mark.cuda
+
+GREEDY = SamplingParams(temperature=0)
+# Real widths (head size 64, as the kernels need a multiple of 32), fewer layers, to keep the CPU side quick.
+SPECS = {
+    "llama": scaled("smollm2-135m", n_layers=4, context_length=1024),
+    "qwen2": scaled("qwen2.5-0.5b", n_layers=4, context_length=1024),
+}
+WEIGHT_TYPES = ["F16", "Q8_0", "Q4_0", "Q4_1"]
+PROMPT_TOKENS = 64
+CONTINUATION = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_cuda() -> None:
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("MINFER_REQUIRE_GPU") == "1":
+            pytest.fail(f"MINFER_REQUIRE_GPU=1 but the CUDA backend cannot run: {reason}")
+        pytest.skip(f"needs the CUDA backend: {reason}")
+
+
+def random_prompts(vocab: int, n_prompts: int = 5, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, vocab, size=PROMPT_TOKENS)] for _ in range(n_prompts)]
+
+
+def last_logits_and_greedy(engine: minfer.Engine, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
+    engine.reset()
+    program, _ = engine.prefill(prompt)
+    logits = program.read("logits")[0]
+    tokens = [program.argmax("logits")]
+    while len(tokens) < n:
+        tokens.append(engine.forward([tokens[-1]], len(prompt) + len(tokens) - 1).argmax("logits"))
+    return logits, tokens
+
+
+def compare_backends(path, prompts: list[list[int]]) -> tuple[list[float], int]:
+    """Relative logit errors per prompt, and how many greedy continuations were identical."""
+    cpu = minfer.load(path, backend="cpu", ctx_size=512)
+    cuda = minfer.load(path, backend="cuda", ctx_size=512)
+    errors, identical = [], 0
+    for prompt in prompts:
+        ref_logits, ref_tokens = last_logits_and_greedy(cpu, prompt, CONTINUATION)
+        logits, tokens = last_logits_and_greedy(cuda, prompt, CONTINUATION)
+        errors.append(float(np.abs(logits - ref_logits).max() / np.abs(ref_logits).max()))
+        identical += tokens == ref_tokens
+    return errors, identical
+
+
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("arch", sorted(SPECS))
+def test_cuda_matches_cpu_on_synthetic_models(arch, weight_type, synthetic_model):
+    spec = SPECS[arch]
+    errors, identical = compare_backends(synthetic_model(spec, weight_type, 1), random_prompts(spec.vocab_size))
+    assert max(errors) < 1e-2, f"relative logit errors {errors}"
+    assert identical >= 4, f"only {identical} of 5 greedy continuations identical"
+
+
+def test_default_model_on_cuda_matches_cpu(default_model_path):
+    cpu = minfer.load(default_model_path, backend="cpu")
+    questions = ("What is the capital of France?", "Write a haiku.", "Explain gravity.", "List colors.", "Say hi.")
+    prompts = [cpu.encode_prompt(text) for text in questions]
+    errors, identical = compare_backends(default_model_path, prompts)
+    assert max(errors) < 1e-2, f"relative logit errors {errors}"
+    assert identical >= 4, f"only {identical} of 5 greedy continuations identical"
+
+
+def test_graph_replay_on_and_off_give_identical_tokens(synthetic_model, monkeypatch):
+    path = synthetic_model(SPECS["qwen2"], "Q4_0", 1)
+    prompt = random_prompts(SPECS["qwen2"].vocab_size, 1, seed=3)[0]
+    replayed = minfer.load(path, backend="cuda", ctx_size=512)
+    _, with_replay = last_logits_and_greedy(replayed, prompt, 32)
+    decode = replayed.program(1).compiled
+    assert decode.cuda_graph is not None and decode.runs == 31  # warm-up 2, capture 1, replays after
+    monkeypatch.setenv("MINFER_NO_CUDA_GRAPH", "1")
+    eager = minfer.load(path, backend="cuda", ctx_size=512)
+    _, without_replay = last_logits_and_greedy(eager, prompt, 32)
+    assert eager.program(1).compiled.cuda_graph is None
+    assert with_replay == without_replay
+
+
+def test_three_turn_chat_equals_rerunning_the_conversation(synthetic_model):
+    path = synthetic_model(SPECS["llama"], "Q8_0", 1)
+    engine = minfer.load(path, backend="cuda", ctx_size=512)
+    chat = engine.chat(sampling=GREEDY, max_tokens=12)
+    prefilled = []
+    for text in ("First question", "Second one", "And a third"):
+        "".join(chat.send(text))
+        prefilled.append(chat.last.stats.prompt_tokens)
+    fresh = minfer.load(path, backend="cuda", ctx_size=512)
+    prompt = fresh.encode_prompt(chat.messages[:-1])
+    assert prefilled[2] < len(prompt)  # the third turn reused the cached conversation
+    assert "".join(fresh.stream(prompt, max_tokens=12, sampling=GREEDY)) == chat.turns[-1]["content"]
+
+
+def test_sampling_with_temperature_reads_logits_back(synthetic_model):
+    engine = minfer.load(synthetic_model(SPECS["llama"], "Q8_0", 1), backend="cuda", ctx_size=512)
+    sampled = SamplingParams(temperature=0.9, seed=11)
+    first = "".join(engine.generate("Once upon a time", max_tokens=16, sampling=sampled))
+    assert first == "".join(engine.generate("Once upon a time", max_tokens=16, sampling=sampled))
+
+
+def test_auto_picks_cuda_and_reports_the_device(synthetic_model):
+    engine = minfer.load(synthetic_model(SPECS["llama"], "Q8_0", 1), backend="auto", ctx_size=64)
+    assert engine.info.backend == "cuda" and "sm_" in engine.info.device
+
+
+def test_op_timing_table_lists_every_op(synthetic_model, monkeypatch):
+    monkeypatch.setenv("MINFER_OP_TIMING", "1")
+    engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
+    list(engine.generate("timing", max_tokens=4, sampling=GREEDY))
+    report = engine.backend.op_timing_report()
+    assert report is not None
+    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu", "add_bias"):
+        assert f"| {op} |" in report
+    assert engine.program(1).compiled.cuda_graph is None  # timed runs are never captured
+
+
+def test_weight_registry_reuses_same_size_and_retires_replaced_buffers():
+    backend = create_backend("cuda")
+    first = backend.weights.register("w", np.arange(64, dtype=np.uint8))
+    again = backend.weights.register("w", np.arange(64, dtype=np.uint8)[::-1].copy())
+    assert again is first
+    bigger = backend.weights.register("w", np.zeros(128, dtype=np.uint8))
+    assert bigger is not first and backend.weights.retired == [first] and backend.weights.retired_bytes == 64
+
+
+def test_out_of_memory_names_the_weight_and_bytes():
+    backend = create_backend("cuda")
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.uint8), shape=(1 << 48,), strides=(0,))
+    with pytest.raises(
+        BackendError, match=r"cuda: out of device memory for weight 'blk\.0\.huge' \(281474976710656 bytes"
+    ):
+        backend.weights.register("blk.0.huge", huge)
+
+
+def test_a_weight_type_without_kernels_is_refused_at_load(tmp_path):
+    path = tmp_path / "q5.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", gguf_quants.quantize(np.ones((2, 64), dtype=np.float32), GGMLQuantizationType.Q5_0),
+                      raw_dtype=GGMLQuantizationType.Q5_0)  # fmt: skip
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(BackendError, match=r"cuda: tensor 'w' is Q5_0; the CUDA kernels read"):
+        create_backend("cuda").load_weights(GGUFFile(path), ["w"])
+
+
+def test_a_failed_precondition_names_the_node_before_any_launch(synthetic_model):
+    with pytest.raises(BackendError, match=r"cuda: blk\.0\.rope_q: head size 16 is not a multiple of 32"):
+        minfer.load(synthetic_model("tiny-llama", "Q8_0"), backend="cuda").forward([1, 2], 0)
+
+
+def test_inplace_input_with_other_readers_is_staged_on_the_device():
+    d, vocab = 64, 4
+    table = Tensor("table", (vocab, d), "float32", TensorKind.WEIGHT)
+    bias = Tensor("bias", (d,), "float32", TensorKind.WEIGHT)
+    tokens = Tensor("tokens", (2,), "int32", TensorKind.INPUT)
+    x, y, z = (Tensor(name, (2, d), "float32", TensorKind.ACTIVATION) for name in "xyz")
+    graph = Graph(
+        n_tokens=2,
+        nodes=[
+            Node("x", Op.EMBED, [table, tokens], x),
+            Node("y", Op.ADD_BIAS, [x, bias], y, inplace_input=0),
+            Node("z", Op.ADD, [x, y], z, inplace_input=1),
+        ],
+        inputs={"tokens": tokens},
+        outputs={"z": z},
+    )
+    rng = np.random.default_rng(0)
+    weights = {
+        "table": rng.standard_normal((vocab, d)).astype(np.float32),
+        "bias": rng.standard_normal(d).astype(np.float32),
+    }
+    backend = create_backend("cuda")
+    for name, values in weights.items():
+        backend.weights.register(name, values)
+        backend.weight_types[name] = GGMLQuantizationType.F32
+    program = schedule(graph, backend)
+    assert program.plan.aliased == {"z"}
+    program.run({"tokens": np.array([3, 1], dtype=np.int32)})
+    rows = weights["table"][[3, 1]]
+    np.testing.assert_allclose(program.read("z"), rows + (rows + weights["bias"]), rtol=1e-6)
