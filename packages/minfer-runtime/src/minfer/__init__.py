@@ -18,6 +18,7 @@ from minfer.chat import ChatSession
 from minfer.engine import Engine, ModelInfo
 from minfer.errors import MinferError
 from minfer.generation import Generation, GenerationStats
+from minfer.model_store import resolve_model
 from minfer.sampler import SamplingParams
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "ModelInfo",
     "SamplingParams",
     "load",
+    "resolve_model",
 ]
 
 

@@ -82,13 +82,17 @@ class ChatSession:
         yield from self._reply(prompt, rendered)
 
     def regenerate(self) -> Iterator[str]:
-        """Replace the last reply with a new one."""
+        """Replace the last reply with a new one (the old one stays if the new request is refused)."""
         if not self.turns or self.turns[-1]["role"] != "assistant":
             raise MinferError("nothing to regenerate: there is no reply yet")
-        self.turns.pop()
-        user = self.turns.pop()
-        self._tokens, self._rendered = [], ""
-        return self.send(user["content"])
+        previous = self.turns
+        self.turns = self.turns[:-1]
+        try:
+            prompt, rendered = self._prompt_tokens()
+        except MinferError:
+            self.turns = previous
+            raise
+        return self._reply(prompt, rendered)
 
     def _prompt_tokens(self) -> tuple[list[int], str]:
         """Tokens for the conversation with a generation prompt, dropping old turns when it does not fit.
