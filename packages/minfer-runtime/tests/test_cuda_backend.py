@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from engine_steps import last_logits_and_greedy, shared_inplace_input_graph
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf import quants as gguf_quants
 
@@ -18,7 +19,6 @@ import minfer
 from minfer.backends import create_backend, cuda_unavailable_reason
 from minfer.errors import BackendError
 from minfer.gguf_file import GGUFFile
-from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 from minfer.graph.scheduler import schedule
 from minfer.sampler import SamplingParams
 from minfer.testing.synthetic import scaled
@@ -48,16 +48,6 @@ def needs_cuda() -> None:
 def random_prompts(vocab: int, n_prompts: int = 5, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(3, vocab, size=PROMPT_TOKENS)] for _ in range(n_prompts)]
-
-
-def last_logits_and_greedy(engine: minfer.Engine, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
-    engine.reset()
-    program, _ = engine.prefill(prompt)
-    logits = program.read("logits")[0]
-    tokens = [program.argmax("logits")]
-    while len(tokens) < n:
-        tokens.append(engine.forward([tokens[-1]], len(prompt) + len(tokens) - 1).argmax("logits"))
-    return logits, tokens
 
 
 def compare_backends(path, prompts: list[list[int]]) -> tuple[list[float], int]:
@@ -180,20 +170,6 @@ def test_a_failed_precondition_names_the_node_before_any_launch(synthetic_model)
 
 def test_inplace_input_with_other_readers_is_staged_on_the_device():
     d, vocab = 64, 4
-    table = Tensor("table", (vocab, d), "float32", TensorKind.WEIGHT)
-    bias = Tensor("bias", (d,), "float32", TensorKind.WEIGHT)
-    tokens = Tensor("tokens", (2,), "int32", TensorKind.INPUT)
-    x, y, z = (Tensor(name, (2, d), "float32", TensorKind.ACTIVATION) for name in "xyz")
-    graph = Graph(
-        n_tokens=2,
-        nodes=[
-            Node("x", Op.EMBED, [table, tokens], x),
-            Node("y", Op.ADD_BIAS, [x, bias], y, inplace_input=0),
-            Node("z", Op.ADD, [x, y], z, inplace_input=1),
-        ],
-        inputs={"tokens": tokens},
-        outputs={"z": z},
-    )
     rng = np.random.default_rng(0)
     weights = {
         "table": rng.standard_normal((vocab, d)).astype(np.float32),
@@ -203,7 +179,7 @@ def test_inplace_input_with_other_readers_is_staged_on_the_device():
     for name, values in weights.items():
         backend.weights.register(name, values)
         backend.weight_types[name] = GGMLQuantizationType.F32
-    program = schedule(graph, backend)
+    program = schedule(shared_inplace_input_graph(d, vocab), backend)
     assert program.plan.aliased == {"z"}
     program.run({"tokens": np.array([3, 1], dtype=np.int32)})
     rows = weights["table"][[3, 1]]

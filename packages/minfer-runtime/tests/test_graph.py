@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_steps import shared_inplace_input_graph
 
 from minfer.backends.cpu import CpuBackend
 from minfer.errors import BackendError
 from minfer.graph.alloc import plan_buffers
 from minfer.graph.dot import to_dot
-from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.graph.ir import Graph, Op, TensorKind
 from minfer.graph.scheduler import assign_backends, schedule
 from minfer.models import build_graph
 from minfer.testing.synthetic import PRESETS, scaled
@@ -96,24 +97,8 @@ def test_alias_rule_aliases_only_sole_consumers():
 
 
 def test_backend_stages_a_copy_when_an_inplace_input_has_other_readers():
-    """x feeds both the in-place bias add and the residual: writing x in place would corrupt the residual."""
     d, vocab = 8, 4
-    table = Tensor("table", (vocab, d), "float32", TensorKind.WEIGHT)
-    bias = Tensor("bias", (d,), "float32", TensorKind.WEIGHT)
-    tokens = Tensor("tokens", (2,), "int32", TensorKind.INPUT)
-    x = Tensor("x", (2, d), "float32", TensorKind.ACTIVATION)
-    y = Tensor("y", (2, d), "float32", TensorKind.ACTIVATION)
-    z = Tensor("z", (2, d), "float32", TensorKind.ACTIVATION)
-    graph = Graph(
-        n_tokens=2,
-        nodes=[
-            Node("x", Op.EMBED, [table, tokens], x),
-            Node("y", Op.ADD_BIAS, [x, bias], y, inplace_input=0),
-            Node("z", Op.ADD, [x, y], z, inplace_input=1),
-        ],
-        inputs={"tokens": tokens},
-        outputs={"z": z},
-    )
+    graph = shared_inplace_input_graph(d, vocab)
     backend = CpuBackend()
     rng = np.random.default_rng(0)
     backend.weights = {"table": rng.standard_normal((vocab, d)).astype(np.float32),

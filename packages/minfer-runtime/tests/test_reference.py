@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_steps import last_logits_and_greedy
 
 import minfer
 from minfer.gguf_file import GGUFFile
@@ -30,22 +31,12 @@ def load_fixture(name: str) -> tuple[dict, list[tuple[list[int], np.ndarray, lis
     return meta, cases
 
 
-def greedy_continuation(engine: minfer.Engine, ids: list[int], n: int) -> tuple[np.ndarray, list[int]]:
-    engine.reset()
-    program, _ = engine.prefill(ids)
-    logits = program.read("logits")[0]
-    tokens = [program.argmax("logits")]
-    while len(tokens) < n:
-        tokens.append(engine.forward([tokens[-1]], len(ids) + len(tokens) - 1).argmax("logits"))
-    return logits, tokens
-
-
 def check_against_reference(engine: minfer.Engine, name: str) -> None:
     meta, cases = load_fixture(name)
     assert len(cases) >= 5
     assert weights_digest(engine.gguf) == meta["weights_sha256"], f"{name}: the model's weights changed"
     for ids, reference_logits, reference_tokens in cases:
-        logits, tokens = greedy_continuation(engine, ids, len(reference_tokens))
+        logits, tokens = last_logits_and_greedy(engine, ids, len(reference_tokens))
         error = np.abs(logits - reference_logits).max() / np.abs(reference_logits).max()
         assert error < 1e-3, f"{name}: prompt of {len(ids)} tokens: relative logit error {error:.2e}"
         assert tokens == reference_tokens, f"{name}: greedy continuation differs for a prompt of {len(ids)} tokens"
