@@ -192,3 +192,12 @@ def test_a_refused_regenerate_keeps_the_conversation(engine):
     with pytest.raises(ContextOverflowError):
         chat.regenerate()
     assert chat.turns == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}]
+
+
+def test_generate_takes_sampling_fields_by_name(engine):
+    by_name = "".join(engine.generate("Name it", max_tokens=8, temperature=0))
+    assert by_name == "".join(engine.generate("Name it", max_tokens=8, sampling=GREEDY))
+    seeded = "".join(engine.generate("Name it", max_tokens=8, sampling=GREEDY, temperature=1.0, seed=3))
+    assert seeded == "".join(engine.generate("Name it", max_tokens=8, temperature=1.0, seed=3))
+    with pytest.raises(MinferError, match="unknown sampling parameter 'temp'"):
+        list(engine.generate("Name it", temp=0.5))

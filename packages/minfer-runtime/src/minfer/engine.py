@@ -8,6 +8,7 @@ one decode graph serves every step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -186,8 +187,14 @@ class Engine:
         stop: Sequence[str] = (),
         system: str | None = None,
         template: bool = True,
+        **sampling_overrides: float | int | None,
     ) -> Iterator[str]:
-        """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends."""
+        """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends.
+
+        Sampling comes from `sampling`, with any SamplingParams field given by name on top of it:
+        `generate("Hi", temperature=0)` is greedy.
+        """
+        sampling = with_overrides(sampling or SamplingParams(), sampling_overrides)
         tokens = self.encode_prompt(prompt, system=system, template=template)
         yield from self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
 
@@ -259,6 +266,13 @@ class Engine:
         max_tokens: int = 512,
     ) -> ChatSession:
         return ChatSession(self, system=system, sampling=sampling, max_tokens=max_tokens)
+
+
+def with_overrides(sampling: SamplingParams, overrides: dict[str, float | int | None]) -> SamplingParams:
+    unknown = sorted(set(overrides) - set(SamplingParams.names()))
+    if unknown:
+        raise MinferError(f"unknown sampling parameter {unknown[0]!r} (known: {', '.join(SamplingParams.names())})")
+    return dataclasses.replace(sampling, **overrides) if overrides else sampling
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
