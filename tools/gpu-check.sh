@@ -11,7 +11,9 @@
 #
 # Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
-# MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass).
+# MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
+# MINFER_GPU_CHECK_ONLY (a comma-separated subset of the steps after the build, for a quick iteration:
+# kernels, memcheck, microbench, runtime, run-memcheck, bench, depth, op-timing; default: every step).
 # Exit status: 0 when every step passed.
 set -uo pipefail
 
@@ -27,6 +29,11 @@ export PATH
 
 SUMMARY=()
 STATUS=0
+
+# wanted STEP: whether MINFER_GPU_CHECK_ONLY leaves STEP in (it is unset for the full check).
+wanted() {
+    [ -z "${MINFER_GPU_CHECK_ONLY:-}" ] || [[ ",$MINFER_GPU_CHECK_ONLY," == *",$1,"* ]]
+}
 
 # run_step NAME LOG COMMAND...: runs COMMAND, its output to the terminal and to $LOGS/LOG, and records
 # PASS or FAIL in the summary.
@@ -94,12 +101,14 @@ if ! run_step "build minfer-kernels (MINFER_CUDA_ARCHS=$MINFER_CUDA_ARCHS)" buil
 fi
 
 # 3. The kernel tests. MINFER_REQUIRE_GPU=1 turns "no GPU" into a failure instead of skips.
-run_step "kernel tests" tests.log \
+wanted kernels && run_step "kernel tests" tests.log \
     env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
     "$PYTHON" -m pytest -q -ra -p no:cacheprovider packages/minfer-kernels/tests
 
 # 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode).
-if command -v compute-sanitizer >/dev/null; then
+if ! wanted memcheck; then
+    :
+elif command -v compute-sanitizer >/dev/null; then
     run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" \
         compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \
@@ -111,7 +120,7 @@ else
 fi
 
 # 5. Kernel timings: a table, for the record (it fails only if a kernel fails).
-run_step "kernel microbench" bench.log "$PYTHON" packages/minfer-kernels/bench/bench_kernels.py
+wanted microbench && run_step "kernel microbench" bench.log "$PYTHON" packages/minfer-kernels/bench/bench_kernels.py
 
 # 6. The runtime on the GPU: install it (its dependencies come from the machine or .whl/), then its CUDA
 # tests (CUDA backend == CPU backend on synthetic and real models, replay on/off, multi-turn), one short
@@ -120,10 +129,10 @@ run_step "kernel microbench" bench.log "$PYTHON" packages/minfer-kernels/bench/b
 # parts: see docs/PERFORMANCE.md); its tests skip with the reason otherwise.
 if run_step "install minfer-runtime" runtime-install.log \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps ./packages/minfer-runtime; then
-    run_step "runtime CUDA tests" runtime-cuda.log \
+    wanted runtime && run_step "runtime CUDA tests" runtime-cuda.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
         "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests
-    if command -v compute-sanitizer >/dev/null; then
+    if wanted run-memcheck && command -v compute-sanitizer >/dev/null; then
         run_step "minfer run --backend cuda under compute-sanitizer memcheck" run-memcheck.log \
             compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \
             "$PYTHON" -m minfer.cli run "${MINFER_MEMCHECK_MODEL:-smollm2}" "What is the capital of France?" \
@@ -133,14 +142,22 @@ if run_step "install minfer-runtime" runtime-install.log \
     mkdir -p "$BENCH_DIR"
     for weight_type in ${MINFER_BENCH_TYPES:-Q4_0 Q8_0}; do
         model="$BENCH_DIR/qwen2.5-0.5b-$weight_type.gguf"
+        if ! wanted bench && ! wanted depth && ! wanted op-timing; then
+            continue  # no step below reads the benchmark models
+        fi
         [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset qwen2.5-0.5b --weight-type "$weight_type"
+        wanted bench || continue
         run_step "bench $weight_type, graph replay" "bench-$weight_type-replay.log" \
             "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 -r "${MINFER_BENCH_REPS:-5}"
         run_step "bench $weight_type, no graph replay" "bench-$weight_type-eager.log" \
             env MINFER_NO_CUDA_GRAPH=1 "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 \
             -r "${MINFER_BENCH_REPS:-5}"
     done
-    run_step "op timing, Q4_0 decode" op-timing.log \
+    # Decode deep in the context: ANCHORS.md's llama.cpp number is tg128 at depth 2048.
+    wanted depth && run_step "bench Q4_0 at depth 2048, graph replay" bench-Q4_0-depth.log \
+        "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda -p 512 -n 128 -d 2048 \
+        --ctx-size 4096 -r "${MINFER_BENCH_REPS:-5}"
+    wanted op-timing && run_step "op timing, Q4_0 decode" op-timing.log \
         env MINFER_OP_TIMING=1 "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda \
         -p 16 -n 32 -r 1
 fi

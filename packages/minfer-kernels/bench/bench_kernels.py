@@ -1,4 +1,5 @@
-"""Time the kernels at Qwen2.5-0.5B's decode shapes: microseconds per launch and effective bandwidth.
+"""Time the kernels at Qwen2.5-0.5B's decode shapes: microseconds per launch and effective bandwidth; then
+at its prefill shapes (512 tokens): microseconds per launch and TFLOP/s.
 
     python packages/minfer-kernels/bench/bench_kernels.py
 
@@ -31,6 +32,51 @@ def time_per_launch_us(launch: Callable[[], None], stream: mk.Stream) -> float:
     end.record(stream.handle)
     end.synchronize()
     return start.elapsed_ms(end) * 1000.0 / REPEATS
+
+
+def prefill_cases(
+    device: Callable[[int], int], floats: Callable[[int], int], keep: list[mk.DeviceBuffer], h: int
+) -> list[tuple[str, float, Callable[[], None]]]:
+    """(name, floating-point operations, launch): the prefill GEMMs of one layer at 512 tokens, the token
+    counts around GEMM_MIN_TOKENS (the runtime's switch from matmul to gemm), and prefill attention."""
+    cases: list[tuple[str, float, Callable[[], None]]] = []
+
+    def product(kernel: Callable[..., None], ggml_type: mk.GGMLType, n_in: int, n_out: int, n_tokens: int) -> None:
+        w = device(mk.row_bytes(ggml_type, n_in) * n_out)
+        x, y = floats(n_in * n_tokens), floats(n_out * n_tokens)
+        cases.append(
+            (
+                f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}",
+                2.0 * n_in * n_out * n_tokens,
+                lambda: kernel(w, ggml_type, x, y, n_in, n_out, n_tokens, h),
+            )
+        )
+
+    for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16):
+        for n_in, n_out in ((HIDDEN, FFN), (FFN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, KV_HEADS * HEAD_DIM)):
+            product(kernels.gemm, ggml_type, n_in, n_out, 512)
+    for n_tokens in (8, 16, 32, 64):
+        for kernel in (kernels.matmul, kernels.gemm):
+            product(kernel, mk.GGMLType.Q4_0, HIDDEN, FFN, n_tokens)
+            product(kernel, mk.GGMLType.Q4_0, FFN, HIDDEN, n_tokens)
+
+    for n_tokens in (512, 2048):
+        kv_dim = KV_HEADS * HEAD_DIM
+        q, out = floats(n_tokens * HEADS * HEAD_DIM), floats(n_tokens * HEADS * HEAD_DIM)
+        k_cache, v_cache = floats(n_tokens * kv_dim), floats(n_tokens * kv_dim)
+        positions = mk.upload(np.arange(n_tokens, dtype=np.int32), h)
+        keep.append(positions)
+        visible_rows = n_tokens * (n_tokens + 1) // 2
+        cases.append(
+            (
+                f"attention prefill {n_tokens} tokens",
+                4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
+                lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens: kernels.attention_prefill_f32(
+                    q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, n, h
+                ),
+            )
+        )
+    return cases
 
 
 def main() -> None:
@@ -68,6 +114,33 @@ def main() -> None:
         matmul_case(ggml_type, FFN, HIDDEN, 1, "ffn_down")
         matmul_case(ggml_type, HIDDEN, VOCAB, 1, "lm_head")
     matmul_case(mk.GGMLType.Q4_0, HIDDEN, FFN, 512, "prefill")
+
+    # The fused one-token kernels of a decode layer (gemv.cu), norm included.
+    norm, qkv_rows = floats(HIDDEN), (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    caches, positions = floats(2 * 4096 * KV_HEADS * HEAD_DIM), mk.upload(np.array([1000], np.int32), h)
+    keep.append(positions)
+    for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0):
+        gate_up_bytes = mk.row_bytes(ggml_type, HIDDEN) * 2 * FFN
+        w, x, act = device(gate_up_bytes), floats(HIDDEN), floats(FFN)
+        cases.append(
+            (
+                f"gemv_swiglu {ggml_type.name} {HIDDEN}->2x{FFN}",
+                gate_up_bytes + 4 * (2 * HIDDEN + FFN),
+                lambda w=w, t=ggml_type, x=x, act=act: kernels.gemv_swiglu(w, t, x, norm, 1e-6, act, HIDDEN, FFN, h),
+            )
+        )
+        qkv_bytes = mk.row_bytes(ggml_type, HIDDEN) * qkv_rows
+        k_cache, v_cache = caches, caches + 4 * 4096 * KV_HEADS * HEAD_DIM
+        outputs = (floats(qkv_rows), floats(HEADS * HEAD_DIM), k_cache, v_cache, positions.ptr)  # bias, q, ...
+        heads = (HIDDEN, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, 1e6, kernels.ROPE_NEOX, 4096)
+        qkv_args = (device(qkv_bytes), ggml_type, x, norm, 1e-6, *outputs, *heads, h)
+        cases.append(
+            (
+                f"gemv_qkv_rope_store {ggml_type.name} {HIDDEN}->{qkv_rows}",
+                qkv_bytes + 4 * (2 * HIDDEN + 2 * qkv_rows),
+                lambda args=qkv_args: kernels.gemv_qkv_rope_store(*args),
+            )
+        )
 
     x, weight, out = floats(HIDDEN), floats(HIDDEN), floats(HIDDEN)
     cases.append(("rms_norm 1x896", 12 * HIDDEN, lambda: kernels.rms_norm_f32(x, weight, out, 1, HIDDEN, 1e-6, h)))
@@ -112,6 +185,10 @@ def main() -> None:
     for name, moved, launch in cases:
         us = time_per_launch_us(launch, stream)
         print(f"{name:52s} {us:10.2f} {moved / us / 1e3:8.1f}")
+    print(f"\n{'prefill case':52s} {'us/launch':>10s} {'TFLOP/s':>8s}")
+    for name, flops, launch in prefill_cases(device, floats, keep, h):
+        us = time_per_launch_us(launch, stream)
+        print(f"{name:52s} {us:10.2f} {flops / us / 1e6:8.1f}")
     mk.sync(h)
 
 

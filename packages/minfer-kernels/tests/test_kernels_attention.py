@@ -127,6 +127,34 @@ def test_prefill_attention_is_causal_by_position(rng, stream, dev, n_heads, n_kv
     assert_close(got, expected, RTOL, scale=np.abs(visible).max(), what="prefill attention")
 
 
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv_heads", "head_dim"),
+    [(14, 2, 64), (6, 2, 96), (5, 1, 160), (4, 1, 256)],  # Qwen2.5-0.5B, and head sizes that are not powers of 2
+)
+def test_prefill_attention_over_a_long_prompt(rng, stream, dev, n_heads, n_kv_heads, head_dim):
+    """A 600-token prompt after 40 cached rows: many K/V tiles per block, a partial last query tile."""
+    positions = (40 + np.arange(600)).astype(np.int32)
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 640)
+    q = randn(rng, 600, n_heads * head_dim, scale=2.0)
+    out = poisoned(q.shape, np.float32, stream)
+    kernels.attention_prefill_f32(
+        dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(positions), 600,
+        n_heads, n_kv_heads, head_dim, N_CTX, stream.handle,
+    )  # fmt: skip
+    got = from_device(out, q.shape, np.float32, stream)
+    expected = attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim)
+    assert_close(got, expected, RTOL, scale=np.abs(v_cache[:640]).max(), what="prefill attention")
+
+
+def test_prefill_attention_refuses_misaligned_buffers(stream):
+    buffer = mk.DeviceBuffer(1 << 16)
+    p = buffer.ptr
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        kernels.attention_prefill_f32(p + 4, p, p, p, p, 1, 2, 2, 64, 16, stream.handle)
+    with pytest.raises(ValueError, match="n_tokens must be positive"):
+        kernels.attention_prefill_f32(p, p, p, p, p, 0, 2, 2, 64, 16, stream.handle)
+
+
 def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
     n_heads, n_kv_heads, head_dim, kv_len = 14, 2, 64, 500
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, kv_len)

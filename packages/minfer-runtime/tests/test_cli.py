@@ -592,6 +592,13 @@ def test_bench_json_output(tiny_model):
         assert record["backend"] == "cpu"
 
 
+def test_bench_at_depth_names_its_tests_like_llama_bench(tiny_model):
+    result = minfer_cli("bench", tiny_model, "-p", "8", "-n", "4", "-r", "1", "-d", "100", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert [r["test"] for r in json.loads(result.stdout)] == ["pp8 @ d100", "tg4 @ d100"]
+    assert_one_line_error(minfer_cli("bench", tiny_model, "-n", "4", "-d", "510", "-r", "1"), "510", "context size")
+
+
 def test_bench_errors_are_one_line(tiny_model):
     assert_one_line_error(minfer_cli("bench", tiny_model, "-n", "1000", "-r", "1"), "1000", "context size 512")
     assert_one_line_error(minfer_cli("bench", tiny_model, "-p", ",", "-r", "1"), "--n-prompt")

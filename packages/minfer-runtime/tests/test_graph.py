@@ -111,7 +111,7 @@ def test_backend_stages_a_copy_when_an_inplace_input_has_other_readers():
 
 
 def test_scheduler_refuses_a_node_the_backend_cannot_run(monkeypatch):
-    graph = build_graph(PRESETS["tiny-llama"].config(), 1, 16)
+    graph = build_graph(PRESETS["tiny-llama"].config(), 2, 16)
     backend = CpuBackend()
     monkeypatch.setattr(backend, "supports", lambda op: op is not Op.SWIGLU)
     with pytest.raises(BackendError, match=r"cpu: blk\.0\.ffn_swiglu: op 'swiglu' is not supported"):

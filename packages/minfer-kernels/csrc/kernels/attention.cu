@@ -35,7 +35,11 @@ constexpr int STORE_THREADS = 256;
 constexpr int DECODE_WARPS = 4;    // warps sharing one split of the cache
 constexpr int COMBINE_THREADS = 128;
 constexpr int MAX_SPLITS = 256;
-constexpr int PREFILL_WARPS = 4;   // queries per block, one warp each
+constexpr int PREFILL_THREADS = 128;
+constexpr int PREFILL_LANES_PER_QUERY = 8;  // lanes sharing one query: each holds head_dim / 8 dimensions
+constexpr int PREFILL_QUERIES = PREFILL_THREADS / PREFILL_LANES_PER_QUERY;  // 16 queries per block
+constexpr int PREFILL_TILE_FLOATS = 4096;   // floats of a K (and of a V) tile in shared memory: 16 KB each
+constexpr int PREFILL_CHUNK = 16;           // rows scored between two softmax updates
 
 // K and V rows are written at their positions; rows other tokens wrote earlier stay as they are.
 __global__ void kv_store_f32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ k_cache,
@@ -181,32 +185,147 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
     }
 }
 
-// Prefill: one warp per (query, head), reading every cache row up to the query's position. The block's
-// 4 warps are 4 consecutive queries of one head, so they read the same K and V rows close together in
-// time and share them through L1. (Tiling K/V through shared memory is the later optimization.)
-__global__ void __launch_bounds__(PREFILL_WARPS * WARP_SIZE)
-    attention_prefill(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                      float* __restrict__ out, const int* __restrict__ positions, int n_tokens, int n_heads,
-                      int group_size, int head_dim, int kv_dim, int n_ctx, float scale) {
-    const int warp = threadIdx.x / WARP_SIZE;
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int token = blockIdx.x * PREFILL_WARPS + warp;
-    const int head = blockIdx.y;
-    if (token >= n_tokens) return;  // whole warps leave; this kernel has no block-wide barrier
-    const int position = positions[token];
-    if (position < 0 || position >= n_ctx) __trap();
-    const int n_slots = head_dim / WARP_SIZE;
+// Prefill: a block takes 16 consecutive queries of one head and walks the cache rows they can see in
+// tiles: the block loads a tile of K and V rows into shared memory once, and all 16 queries read it from
+// there (the rows of a causal prompt are read once per 16 queries instead of once per query).
+//
+// Each query belongs to 8 consecutive lanes; lane s holds the float4 chunks s, s + 8, ... of the head (so
+// the 8 lanes read one row's 128 bytes of shared memory together, without bank conflicts). A score is
+// 8 partial dot products summed by 3 shuffles. Rows are scored 16 at a time, then the online softmax
+// rescales once per 16 rows rather than once per row. Scores are kept in log2 units (q is multiplied by
+// scale * log2(e) once), so the weights are exp2f(score - max).
+//
+// A query at position p sees rows 0 .. p; a block reads rows up to the largest position among its queries,
+// and the rows past a query's own position get the score -inf (weight 0). The block's row loop and the
+// chunk loop are the same for every thread, so the shuffles always find their whole warp.
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(PREFILL_THREADS)
+    attention_prefill_tiled(const float* __restrict__ q, const float* __restrict__ k_cache,
+                            const float* __restrict__ v_cache, float* __restrict__ out,
+                            const int* __restrict__ positions, int n_tokens, int n_heads, int group_size, int kv_dim,
+                            int n_ctx, float score_scale) {
+    constexpr int CHUNKS_PER_LANE = HEAD_DIM / (4 * PREFILL_LANES_PER_QUERY);  // float4 chunks each lane holds
+    constexpr int ROW_CHUNKS = HEAD_DIM / 4;                                   // float4 chunks of one row
+    constexpr int TILE_ROWS = PREFILL_TILE_FLOATS / HEAD_DIM / PREFILL_CHUNK * PREFILL_CHUNK;
+    static_assert(TILE_ROWS >= PREFILL_CHUNK, "a tile holds at least one chunk of rows");
+    __shared__ __align__(16) float4 k_tile[TILE_ROWS * ROW_CHUNKS];
+    __shared__ __align__(16) float4 v_tile[TILE_ROWS * ROW_CHUNKS];
+    __shared__ int block_rows;
 
-    const std::size_t row_offset = (std::size_t(token) * n_heads + head) * head_dim;
-    float q_slots[MAX_SLOTS];
-    load_query(q + row_offset, n_slots, scale, q_slots);
-    const int kv_offset = (head / group_size) * head_dim;
-    OnlineSoftmax state;
-    attend_rows(state, q_slots, k_cache + kv_offset, v_cache + kv_offset, kv_dim, n_slots, 0, position + 1, 1);
+    const int head = blockIdx.x;
+    const int query_tile = gridDim.y - 1 - blockIdx.y;  // the last queries, which see the most rows, start first
+    const int slice = threadIdx.x % PREFILL_LANES_PER_QUERY;
+    const int token = query_tile * PREFILL_QUERIES + threadIdx.x / PREFILL_LANES_PER_QUERY;
+    const bool active = token < n_tokens;  // the last tile's extra queries go along, see nothing, write nothing
+    const int position = active ? positions[token] : -1;
+    if (active && (position < 0 || position >= n_ctx)) __trap();
 
+    if (threadIdx.x == 0) block_rows = 0;
+    __syncthreads();
+    if (active && slice == 0) atomicMax(&block_rows, position + 1);
+    __syncthreads();
+    const int rows = block_rows;
+
+    const std::size_t row_offset = (std::size_t(token) * n_heads + head) * HEAD_DIM;
+    float4 q_chunks[CHUNKS_PER_LANE];
+    float4 acc[CHUNKS_PER_LANE];
 #pragma unroll
-    for (int s = 0; s < MAX_SLOTS; ++s)
-        if (s < n_slots) out[row_offset + s * WARP_SIZE + lane] = state.acc[s] / state.denominator;
+    for (int c = 0; c < CHUNKS_PER_LANE; ++c) {
+        const int chunk = c * PREFILL_LANES_PER_QUERY + slice;
+        const float4 value = active ? reinterpret_cast<const float4*>(q + row_offset)[chunk]
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        q_chunks[c] = make_float4(value.x * score_scale, value.y * score_scale, value.z * score_scale,
+                                  value.w * score_scale);
+        acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float max_score = -INFINITY;
+    float denominator = 0.0f;
+
+    const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
+    for (int first_row = 0; first_row < rows; first_row += TILE_ROWS) {
+        const int tile_rows = min(TILE_ROWS, rows - first_row);
+        __syncthreads();  // every thread is done with the previous tile
+        for (int i = threadIdx.x; i < TILE_ROWS * ROW_CHUNKS; i += PREFILL_THREADS) {
+            const int row = i / ROW_CHUNKS;
+            const std::size_t from = (first_row + row) * std::size_t(kv_dim) + kv_offset;
+            const bool inside = row < tile_rows;  // rows past the block's last visible row are zeros, not read
+            k_tile[i] = inside ? reinterpret_cast<const float4*>(k_cache + from)[i % ROW_CHUNKS]
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v_tile[i] = inside ? reinterpret_cast<const float4*>(v_cache + from)[i % ROW_CHUNKS]
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        __syncthreads();
+
+        for (int chunk_row = 0; chunk_row < tile_rows; chunk_row += PREFILL_CHUNK) {
+            float scores[PREFILL_CHUNK];
+            float chunk_max = -INFINITY;
+#pragma unroll
+            for (int r = 0; r < PREFILL_CHUNK; ++r) {
+                const float4* k = k_tile + (chunk_row + r) * ROW_CHUNKS;
+                float dot = 0.0f;
+#pragma unroll
+                for (int c = 0; c < CHUNKS_PER_LANE; ++c) {
+                    const float4 key = k[c * PREFILL_LANES_PER_QUERY + slice];
+                    dot += q_chunks[c].x * key.x + q_chunks[c].y * key.y + q_chunks[c].z * key.z +
+                           q_chunks[c].w * key.w;
+                }
+#pragma unroll
+                for (int offset = PREFILL_LANES_PER_QUERY / 2; offset > 0; offset /= 2)
+                    dot += __shfl_xor_sync(FULL_WARP, dot, offset);
+                scores[r] = first_row + chunk_row + r <= position ? dot : -INFINITY;
+                chunk_max = fmaxf(chunk_max, scores[r]);
+            }
+            const float new_max = fmaxf(max_score, chunk_max);
+            if (new_max == -INFINITY) continue;  // no visible row yet (only a query past n_tokens): nothing to add
+            const float rescale = exp2f(max_score - new_max);  // exp2(-inf) = 0 the first time
+            denominator *= rescale;
+#pragma unroll
+            for (int c = 0; c < CHUNKS_PER_LANE; ++c) {
+                acc[c].x *= rescale;
+                acc[c].y *= rescale;
+                acc[c].z *= rescale;
+                acc[c].w *= rescale;
+            }
+#pragma unroll
+            for (int r = 0; r < PREFILL_CHUNK; ++r) {
+                const float weight = exp2f(scores[r] - new_max);  // 0 for a row past this query's position
+                denominator += weight;
+                const float4* v = v_tile + (chunk_row + r) * ROW_CHUNKS;
+#pragma unroll
+                for (int c = 0; c < CHUNKS_PER_LANE; ++c) {
+                    const float4 value = v[c * PREFILL_LANES_PER_QUERY + slice];
+                    acc[c].x += weight * value.x;
+                    acc[c].y += weight * value.y;
+                    acc[c].z += weight * value.z;
+                    acc[c].w += weight * value.w;
+                }
+            }
+            max_score = new_max;
+        }
+    }
+
+    if (!active) return;
+    const float inverse = 1.0f / denominator;
+#pragma unroll
+    for (int c = 0; c < CHUNKS_PER_LANE; ++c)
+        reinterpret_cast<float4*>(out + row_offset)[c * PREFILL_LANES_PER_QUERY + slice] =
+            make_float4(acc[c].x * inverse, acc[c].y * inverse, acc[c].z * inverse, acc[c].w * inverse);
+}
+
+template <int HEAD_DIM>
+cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_cache, float* out,
+                           const int* positions, int n_tokens, int n_heads, int n_kv_heads, int n_ctx,
+                           cudaStream_t stream) {
+    constexpr float LOG2_E = 1.4426950408889634f;
+    const float score_scale = LOG2_E / std::sqrt(float(HEAD_DIM));
+    // grid.x: the query head; grid.y: ceil(n_tokens / 16) tiles of 16 queries (n_tokens <= 16 * 65535), run
+    // last tile first. Consecutive blocks are the heads of one query tile: the heads sharing a KV head read
+    // the same K/V rows at about the same time, from L2.
+    const dim3 grid(n_heads, ceil_div(n_tokens, PREFILL_QUERIES));
+    attention_prefill_tiled<HEAD_DIM><<<grid, PREFILL_THREADS, 0, stream>>>(
+        q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_heads / n_kv_heads, n_kv_heads * HEAD_DIM, n_ctx,
+        score_scale);
+    return cudaGetLastError();
 }
 
 // The preconditions both attention launchers share.
@@ -259,11 +378,20 @@ extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float*
                                                     float* out, const int* positions, int n_tokens, int n_heads,
                                                     int n_kv_heads, int head_dim, int n_ctx, cudaStream_t stream) {
     if (const cudaError_t refused = check_heads(n_heads, n_kv_heads, head_dim); refused != cudaSuccess) return refused;
-    const float scale = 1.0f / std::sqrt(float(head_dim));
-    // grid.x: ceil(n_tokens / 4) groups of 4 queries, one warp per query; grid.y: the query head.
-    const dim3 grid(ceil_div(n_tokens, PREFILL_WARPS), n_heads);
-    attention_prefill<<<grid, PREFILL_WARPS * WARP_SIZE, 0, stream>>>(q, k_cache, v_cache, out, positions, n_tokens,
-                                                                      n_heads, n_heads / n_kv_heads, head_dim,
-                                                                      n_kv_heads * head_dim, n_ctx, scale);
-    return cudaGetLastError();
+    if (n_tokens <= 0) return minfer_refuse("n_tokens must be positive");
+    if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16))
+        return minfer_refuse("q, k_cache, v_cache and out must be 16-byte aligned (float4 loads)");
+    // One kernel per head size, so each lane's share of a row (head_dim / 8 values) sits in registers.
+    decltype(&launch_prefill<32>) launch = nullptr;
+    switch (head_dim) {
+        case 32: launch = launch_prefill<32>; break;
+        case 64: launch = launch_prefill<64>; break;
+        case 96: launch = launch_prefill<96>; break;
+        case 128: launch = launch_prefill<128>; break;
+        case 160: launch = launch_prefill<160>; break;
+        case 192: launch = launch_prefill<192>; break;
+        case 224: launch = launch_prefill<224>; break;
+        default: launch = launch_prefill<256>; break;
+    }
+    return launch(q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_kv_heads, n_ctx, stream);
 }

@@ -48,6 +48,9 @@ __device__ __forceinline__ float block_sum(float value) {
     return value;
 }
 
+// SiLU, the activation of the gated FFN: v / (1 + exp(-v)), the formula of the CPU reference.
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
 inline bool is_aligned(const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }

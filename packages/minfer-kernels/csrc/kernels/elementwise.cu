@@ -32,8 +32,6 @@ __global__ void scale_f32(const float* x, float* out, float scale, int n) {
     out[i] = x[i] * scale;
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-
 // In place: the graph decides when an op may overwrite its input (the alias rule); the kernel just does.
 __global__ void silu_f32(float* x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -9,9 +9,12 @@
 // Each lane keeps a partial dot product; a warp shuffle reduction sums the 32 partials at the end.
 //
 // Decode (n_tokens == 1) is a matrix-vector product (GEMV): every weight is read once, and the kernel is
-// bound by memory bandwidth. For n_tokens > 1, each warp takes TOKENS_PER_WARP = 8 tokens: a chunk of W
-// is decoded once and used for 8 tokens, reading W 8 times less often than 8 GEMVs would. That is a
-// correct, reasonable small-batch path; a tensor-core GEMM for long prompts is a later issue.
+// bound by memory bandwidth. launch_matmul hands it to gemv.cu, whose kernel is built for exactly that;
+// the warp-per-row kernel here serves one token only where gemv.cu cannot (F32/F16 rows of a length that
+// is not a multiple of 8, unaligned float rows). For n_tokens > 1, each warp takes TOKENS_PER_WARP = 8
+// tokens: a chunk of W is decoded once and used for 8 tokens, reading W 8 times less often than 8 GEMVs
+// would. That is a correct, reasonable small-batch path; a tensor-core GEMM for long prompts is a later
+// issue.
 #include "common.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
@@ -239,6 +242,8 @@ extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* 
         return minfer_refuse(
             "type must be F32, F16, Q4_0, Q4_1 or Q8_0, and in_features a multiple of 32 for Q4_0/Q4_1/Q8_0");
     if (!is_aligned(weight, 4)) return minfer_refuse("weight must be 4-byte aligned");
+    if (n_tokens == 1 && minfer_gemv_supports(type, weight, x, in_features))
+        return launch_gemv(weight, type, x, nullptr, 0.0f, nullptr, y, in_features, out_features, stream);
     // The 16-byte loads need 16-byte aligned rows: an aligned base and a row length that keeps it.
     const bool wide_x = is_aligned(x, 16);
     const bool wide_w = is_aligned(weight, 16);

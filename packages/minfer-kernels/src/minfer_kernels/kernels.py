@@ -30,6 +30,10 @@ rms_norm_f32 = _kernels.rms_norm_f32
 rope_f32 = _kernels.rope_f32
 embed_rows = _kernels.embed_rows
 matmul = _kernels.matmul
+gemv = _kernels.gemv
+gemv_swiglu = _kernels.gemv_swiglu
+gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
+gemm = _kernels.gemm
 kv_store_f32 = _kernels.kv_store_f32
 attention_decode_f32 = _kernels.attention_decode_f32
 attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
@@ -46,6 +50,10 @@ __all__ = [
     "attention_decode_workspace_bytes",
     "attention_prefill_f32",
     "embed_rows",
+    "gemm",
+    "gemv",
+    "gemv_qkv_rope_store",
+    "gemv_swiglu",
     "kv_store_f32",
     "matmul",
     "mul_f32",

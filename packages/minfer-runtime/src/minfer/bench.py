@@ -1,8 +1,10 @@
 """llama-bench-style measurements: pp (prompt tokens/s) and tg (generated tokens/s).
 
-Each test runs once to warm up, then `repetitions` times from an empty KV cache;
-the result is the mean ± sample standard deviation of tokens per second. Token
-ids are random (seeded) — the speed of a forward pass does not depend on them.
+Each test runs once to warm up, then `repetitions` times from an empty KV cache
+(or, with a depth, from a cache that already holds `depth` tokens, prefilled
+untimed before each repetition: llama-bench's `-d`); the result is the mean ±
+sample standard deviation of tokens per second. Token ids are random (seeded) —
+the speed of a forward pass does not depend on them.
 """
 
 from __future__ import annotations
@@ -46,19 +48,27 @@ class BenchResult:
         return self.weight_bytes_per_token * self.mean / 1e9
 
 
-def time_prompt(engine: Engine, tokens: list[int]) -> float:
+def fill_context(engine: Engine, context: list[int]) -> None:
+    """Empty the cache, then prefill `context` into it and wait for the device (all untimed)."""
     engine.reset()
+    if context:
+        program, _ = engine.prefill(context)
+        program.argmax("logits")
+
+
+def time_prompt(engine: Engine, context: list[int], tokens: list[int]) -> float:
+    fill_context(engine, context)
     started = time.perf_counter()
-    program, _ = engine.prefill(tokens)
+    program, _ = engine.prefill(context + tokens)  # the cached context is not run again
     program.argmax("logits")  # reading a result waits for the device to finish
     return time.perf_counter() - started
 
 
-def time_generation(engine: Engine, first_token: int, n_tokens: int) -> float:
-    engine.reset()
+def time_generation(engine: Engine, context: list[int], first_token: int, n_tokens: int) -> float:
+    fill_context(engine, context)
     started = time.perf_counter()
     token = first_token
-    for position in range(n_tokens):
+    for position in range(len(context), len(context) + n_tokens):
         token = engine.forward([token], position).argmax("logits")
     return time.perf_counter() - started
 
@@ -75,16 +85,19 @@ def bench(
     gen_sizes: list[int],
     repetitions: int = 5,
     seed: int = 0,
+    depth: int = 0,
 ) -> list[BenchResult]:
     info = engine.info
     longest = max([*prompt_sizes, *gen_sizes], default=0)
-    if longest > engine.ctx_size:
+    if depth + longest > engine.ctx_size:
         raise ContextOverflowError(
-            f"a test of {longest} tokens does not fit the context size {engine.ctx_size}: "
-            f"lower -p/-n or raise --ctx-size (the model's context is {info.context_length})"
+            f"a test of {longest} tokens after {depth} tokens of depth does not fit the context size "
+            f"{engine.ctx_size}: lower -p/-n/-d or raise --ctx-size (the model's context is {info.context_length})"
         )
     rng = np.random.default_rng(seed)
     vocab = engine.tokenizer.vocab_size
+    context = [int(t) for t in rng.integers(0, vocab, size=depth)]
+    at_depth = f" @ d{depth}" if depth else ""  # llama-bench's name for a test at depth
     weight_bytes = sum(engine.gguf.tensor(name).nbytes for name in engine.config.expected_tensors())
     results = []
 
@@ -95,10 +108,12 @@ def bench(
 
     for n in prompt_sizes:
         tokens = [int(t) for t in rng.integers(0, vocab, size=n)]
-        record(f"pp{n}", n, run_test(lambda tokens=tokens: time_prompt(engine, tokens), n, repetitions))
+        speeds = run_test(lambda tokens=tokens: time_prompt(engine, context, tokens), n, repetitions)
+        record(f"pp{n}{at_depth}", n, speeds)
     for n in gen_sizes:
         first = int(rng.integers(0, vocab))
-        record(f"tg{n}", n, run_test(lambda n=n, first=first: time_generation(engine, first, n), n, repetitions))
+        speeds = run_test(lambda n=n, first=first: time_generation(engine, context, first, n), n, repetitions)
+        record(f"tg{n}{at_depth}", n, speeds)
     engine.reset()
     return results
 

@@ -51,6 +51,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int_value(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text!r}")
+    return value
+
+
 def int_value(text: str) -> int:
     try:
         return int(text)
@@ -124,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-p", "--n-prompt", type=int_list, default=[512], help="prompt sizes, e.g. 128,512")
     bench.add_argument("-n", "--n-gen", type=int_list, default=[128], help="generation lengths")
     bench.add_argument("-r", "--repetitions", type=positive_int, default=5)
+    bench.add_argument(
+        "-d", "--depth", type=non_negative_int, default=0, help="tokens already in the KV cache at each test's start"
+    )
     bench.add_argument("-o", "--output", choices=("md", "json"), default="md")
     add_model_options(bench)
 
@@ -253,7 +263,9 @@ def command_run(args: argparse.Namespace) -> int:
 
 def command_bench(args: argparse.Namespace) -> int:
     engine = load_engine(args.model, args)
-    results = bench.bench(engine, prompt_sizes=args.n_prompt, gen_sizes=args.n_gen, repetitions=args.repetitions)
+    results = bench.bench(
+        engine, prompt_sizes=args.n_prompt, gen_sizes=args.n_gen, repetitions=args.repetitions, depth=args.depth
+    )
     print(bench.to_json(results) if args.output == "json" else bench.to_markdown(results))
     print_op_timing(engine)
     return 0

@@ -77,7 +77,8 @@ class Engine:
                 f"context size {self.ctx_size} is outside 1..{self.config.context_length} (the model's trained context)"
             )
         self.backend = create_backend(backend)
-        self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress)
+        stacked = self.config.stacked_tensors() if self.config.fuse_decode else {}
+        self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress, stacked=stacked)
         self.kv_tokens: list[int] = []  # the tokens whose K/V rows the cache holds, at positions 0..n-1
         self._programs: OrderedDict[int, Program] = OrderedDict()
         self.last_stats = GenerationStats()

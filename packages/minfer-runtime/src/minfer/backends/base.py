@@ -40,6 +40,21 @@ class CompiledGraph(ABC):
         """Give scratch memory back to the backend: the graph will not run again."""
 
 
+class LoadProgress:
+    """Counts the bytes of the file tensors a backend has loaded and reports them to a ProgressCallback."""
+
+    def __init__(self, gguf: GGUFFile, names: list[str], callback: ProgressCallback | None) -> None:
+        self.gguf = gguf
+        self.callback = callback
+        self.total = sum(gguf.tensor(name).nbytes for name in names)
+        self.done = 0
+
+    def loaded(self, name: str) -> None:
+        self.done += self.gguf.tensor(name).nbytes
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+
+
 class Backend(ABC):
     name: str
     device_name: str
@@ -48,8 +63,19 @@ class Backend(ABC):
     def supports(self, op: Op) -> bool: ...
 
     @abstractmethod
-    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
-        """Make every named tensor of `gguf` available to the kernels."""
+    def load_weights(
+        self,
+        gguf: GGUFFile,
+        names: list[str],
+        progress: ProgressCallback | None = None,
+        *,
+        stacked: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        """Make every named tensor of `gguf` available to the kernels.
+
+        Each `stacked` entry names a tensor that is not in the file: the rows of its parts (which are in
+        `names`), in order (gguf_file.stack_rows). The parts stay available under their own names.
+        """
 
     @abstractmethod
     def allocate_states(self, states: list[Tensor]) -> None:

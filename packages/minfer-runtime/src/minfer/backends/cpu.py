@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minfer.backends.base import Backend, CompiledGraph, ProgressCallback
-from minfer.gguf_file import GGUFFile
+from minfer.backends.base import Backend, CompiledGraph, LoadProgress, ProgressCallback
+from minfer.gguf_file import GGUFFile, stack_rows
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 from minfer.quants import dequantize
@@ -23,6 +23,13 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> 
     mean_square = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
     np.multiply(x, 1.0 / np.sqrt(mean_square + eps), out=out)
     out *= weight
+
+
+def normalized(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """rms_norm into a new array: the input of the fused ops' matmul."""
+    out = np.empty_like(x)
+    rms_norm(x, weight, eps, out)
+    return out
 
 
 def rope_inplace(
@@ -153,6 +160,34 @@ class CpuCompiledGraph(CompiledGraph):
     def last_row(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = ins[0][-1:]
 
+    # The fused ops: each the composition of the ops above that its Op comment names.
+    def norm_matmul(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        x, norm_weight, weight = ins
+        np.matmul(normalized(x, norm_weight, node.params["eps"]), weight.T, out=out)
+
+    def matmul_add(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out += ins[0] @ ins[1].T  # out holds the residual (ins[2]), in place or staged
+
+    def norm_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        x, norm_weight, gate_up = ins
+        projected = normalized(x, norm_weight, node.params["eps"]) @ gate_up.T
+        d_ff = out.shape[-1]
+        out[...] = silu(projected[:, :d_ff]) * projected[:, d_ff:]
+
+    def norm_qkv_rope_store(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        x, norm_weight, qkv_weight, positions, *bias = ins
+        p = node.params
+        qkv = normalized(x, norm_weight, p["eps"]) @ qkv_weight.T
+        for b in bias:
+            qkv += b
+        q_dim, kv_dim = out.shape[-1], p["n_kv_heads"] * p["head_dim"]
+        q, k, v = (np.ascontiguousarray(part) for part in np.split(qkv, [q_dim, q_dim + kv_dim], axis=-1))
+        rope = (p["head_dim"], p["rope_dim"], p["theta"], p["neox"])
+        rope_inplace(q, positions, p["n_heads"], *rope)
+        rope_inplace(k, positions, p["n_kv_heads"], *rope)
+        self.kv_store(node, [k, v, positions], None)
+        out[...] = q
+
 
 OPS: dict[Op, Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | None], None]] = {
     Op.EMBED: CpuCompiledGraph.embed,
@@ -165,6 +200,10 @@ OPS: dict[Op, Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | N
     Op.ADD: CpuCompiledGraph.add,
     Op.SWIGLU: CpuCompiledGraph.swiglu,
     Op.LAST_ROW: CpuCompiledGraph.last_row,
+    Op.NORM_MATMUL: CpuCompiledGraph.norm_matmul,
+    Op.MATMUL_ADD: CpuCompiledGraph.matmul_add,
+    Op.NORM_SWIGLU: CpuCompiledGraph.norm_swiglu,
+    Op.NORM_QKV_ROPE_STORE: CpuCompiledGraph.norm_qkv_rope_store,
 }
 
 
@@ -179,15 +218,30 @@ class CpuBackend(Backend):
     def supports(self, op: Op) -> bool:
         return op in OPS
 
-    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
-        total = sum(gguf.tensor(n).nbytes for n in names)
-        done = 0
+    def load_weights(
+        self,
+        gguf: GGUFFile,
+        names: list[str],
+        progress: ProgressCallback | None = None,
+        *,
+        stacked: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        report = LoadProgress(gguf, names, progress)
+        in_a_stack = set()
+        for name, parts in (stacked or {}).items():
+            # Dequantized once, stacked; the parts are views of its rows, so nothing is held twice.
+            values = self.weights[name] = dequantize(stack_rows(name, [gguf.tensor(part) for part in parts]))
+            first_row = 0
+            for part in parts:
+                rows = gguf.tensor(part).shape[-1]
+                self.weights[part] = values[first_row : first_row + rows]
+                first_row += rows
+                in_a_stack.add(part)
+                report.loaded(part)
         for name in names:
-            tensor = gguf.tensor(name)
-            self.weights[name] = dequantize(tensor)
-            done += tensor.nbytes
-            if progress is not None:
-                progress(done, total)
+            if name not in in_a_stack:
+                self.weights[name] = dequantize(gguf.tensor(name))
+                report.loaded(name)
 
     def allocate_states(self, states: list[Tensor]) -> None:
         for tensor in states:

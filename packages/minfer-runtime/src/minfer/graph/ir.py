@@ -52,6 +52,12 @@ class Op(enum.Enum):
     ADD = "add"  # in place into one operand: residual connections
     SWIGLU = "swiglu"  # in place into gate: silu(gate) * up
     LAST_ROW = "last_row"  # the final token's row: only its logits are needed
+    # Fused ops: one node (one kernel on the GPU) for what the ops above do in several. The llama builder
+    # emits them for one-token (decode) graphs; each is exactly the composition its comment spells out.
+    NORM_MATMUL = "norm_matmul"  # matmul(rms_norm(x, g), W): the output head
+    MATMUL_ADD = "matmul_add"  # in place into the residual r: r + matmul(x, W)
+    NORM_SWIGLU = "norm_swiglu"  # swiglu of matmul(rms_norm(x, g), W), W = gate rows then up rows
+    NORM_QKV_ROPE_STORE = "norm_qkv_rope_store"  # matmul(rms_norm(x, g), Wqkv) + b, rope on q and k, kv_store; q out
 
 
 @dataclass(eq=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minfer.errors import ModelFileError
 from minfer.gguf_file import GGUFFile
@@ -40,6 +40,9 @@ class ModelConfig:
     rms_eps: float
     tied_output: bool
     qkv_bias: bool
+    # One-token graphs use the fused ops over stacked weights (stacked_tensors); that needs each stack's
+    # parts to share one GGML type, which from_gguf checks.
+    fuse_decode: bool = True
 
     @property
     def q_dim(self) -> int:
@@ -83,7 +86,10 @@ class ModelConfig:
             qkv_bias="blk.0.attn_q.bias" in gguf.tensors,
         )
         config.check(gguf)
-        return config
+        stackable = all(
+            len({gguf.tensor(part).qtype for part in parts}) == 1 for parts in config.stacked_tensors().values()
+        )
+        return replace(config, fuse_decode=stackable)
 
     def check(self, gguf: GGUFFile) -> None:
         """Refuse a file whose hyperparameters or tensors do not fit together, naming the culprit."""
@@ -104,7 +110,7 @@ class ModelConfig:
                 )
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor the graph reads, with its GGUF shape ([in, out] for weights)."""
+        """Every tensor of the file the graphs read, with its GGUF shape ([in, out] for weights)."""
         d, q, kv, ff = self.d_model, self.q_dim, self.kv_dim, self.d_ff
         shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (d, self.vocab_size), "output_norm.weight": (d,)}
         if not self.tied_output:
@@ -124,4 +130,28 @@ class ModelConfig:
             }
             if self.qkv_bias:
                 shapes |= {f"{blk}.attn_q.bias": (q,), f"{blk}.attn_k.bias": (kv,), f"{blk}.attn_v.bias": (kv,)}
+        return shapes
+
+    def stacked_tensors(self) -> dict[str, tuple[str, ...]]:
+        """The tensors the fused decode graph reads that no file holds, each the rows of its parts in order.
+
+        Backends build them when they load the weights (gguf_file.stack_rows: still in the file's
+        format), so one kernel reads Q, K and V, or gate and up, as one matrix.
+        """
+        stacks: dict[str, tuple[str, ...]] = {}
+        for layer in range(self.n_layers):
+            blk = f"blk.{layer}"
+            stacks[f"{blk}.attn_qkv.weight"] = (f"{blk}.attn_q.weight", f"{blk}.attn_k.weight", f"{blk}.attn_v.weight")
+            if self.qkv_bias:
+                stacks[f"{blk}.attn_qkv.bias"] = (f"{blk}.attn_q.bias", f"{blk}.attn_k.bias", f"{blk}.attn_v.bias")
+            stacks[f"{blk}.ffn_gate_up.weight"] = (f"{blk}.ffn_gate.weight", f"{blk}.ffn_up.weight")
+        return stacks
+
+    def graph_tensors(self) -> dict[str, tuple[int, ...]]:
+        """GGUF shapes of every tensor a graph may read: the file's, and the stacked ones (the parts' rows,
+        on the last GGUF axis, one after the other)."""
+        shapes = self.expected_tensors()
+        for name, parts in self.stacked_tensors().items():
+            part_shapes = [shapes[part] for part in parts]
+            shapes[name] = (*part_shapes[0][:-1], sum(shape[-1] for shape in part_shapes))
         return shapes

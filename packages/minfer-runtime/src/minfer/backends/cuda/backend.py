@@ -21,11 +21,11 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 import minfer_kernels as mk
-from minfer.backends.base import Backend, CompiledGraph, ProgressCallback
+from minfer.backends.base import Backend, CompiledGraph, LoadProgress, ProgressCallback
 from minfer.backends.cuda.memory import Readback, ScratchPool, StagingRing, WeightRegistry, allocate
 from minfer.backends.cuda.timing import OpTimer
 from minfer.errors import BackendError
-from minfer.gguf_file import GGUFFile
+from minfer.gguf_file import GGUFFile, TensorInfo, stack_rows
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 
@@ -40,7 +40,19 @@ KERNEL_TYPES = frozenset(
     }
 )
 MAX_ROWS_PER_LAUNCH = 65535  # rows sit on a grid's y axis
-DECODE_ATTENTION_SPLITS = 32  # cache pieces of split-K decode attention; fixed so a captured graph stays valid
+# Cache pieces of split-K decode attention; fixed so a captured graph stays valid. A split's rows are read
+# one after the other (~0.15 us a row in the microbenchmark), so 64 splits keep a 2048-token cache at ~32
+# rows a split; at short contexts most splits are empty and cost one wave of idle blocks.
+DECODE_ATTENTION_SPLITS = 64
+# A part of a stacked weight is a view into it when it starts this aligned (what cudaMalloc gives every
+# buffer, so kernels see no difference); otherwise it gets a copy of its own.
+VIEW_ALIGNMENT = 256
+# From this many tokens on, a matmul node runs the tensor-core GEMM instead of the matmul kernel. Measured on
+# the H200 (Q4_0, docs/PERFORMANCE.md): at 16 tokens gemm takes 18 us for ffn_up (matmul 81) and ties on
+# ffn_down (86 vs 84); at 8 tokens matmul still wins ffn_down (45 vs 86), whose long rows suit its per-row
+# dot products better than gemm's few, mostly empty 64-token tiles.
+GEMM_MIN_TOKENS = 16
+GEMM_K_STEP = 32  # gemm's step along in_features: in_features must be a multiple of it
 
 
 def replay_enabled() -> bool:
@@ -115,9 +127,14 @@ class CudaCompiledGraph(CompiledGraph):
     def bind_matmul(self, node: Node) -> list[Launch]:
         x, weight = node.inputs
         out_features, in_features = weight.shape
+        n_tokens = x.shape[0]
         kind = int(self.backend.weight_types[weight.name])
-        args = (self.ptr(weight), kind, self.ptr(x), self.ptr(node.output), in_features, out_features, x.shape[0])
-        return [Launch(mk.kernels.matmul, (*args, self.backend.stream))]
+        args = (self.ptr(weight), kind, self.ptr(x), self.ptr(node.output), in_features, out_features, n_tokens)
+        # Prompts go to the tensor cores; gemm walks in_features in whole 32-value steps (always true of the
+        # quantized formats, checked here for F32/F16 weights).
+        on_tensor_cores = n_tokens >= GEMM_MIN_TOKENS and in_features % GEMM_K_STEP == 0
+        kernel = mk.kernels.gemm if on_tensor_cores else mk.kernels.matmul
+        return [Launch(kernel, (*args, self.backend.stream))]
 
     def bind_add_bias(self, node: Node) -> list[Launch]:
         rows, d = node.output.shape
@@ -161,6 +178,43 @@ class CudaCompiledGraph(CompiledGraph):
         rows, d = node.output.shape
         args = (self.ptr(gate), self.ptr(up), self.ptr(node.output), rows, d, d)
         return [Launch(mk.kernels.swiglu_f32, (*args, self.backend.stream))]
+
+    # The fused ops, one token each (CudaBackend.check): one gemv.cu kernel per node.
+
+    def bind_norm_matmul(self, node: Node) -> list[Launch]:
+        x, norm_weight, weight = node.inputs
+        out_features, in_features = weight.shape
+        head = (self.ptr(weight), self.weight_type(weight), self.ptr(x), self.ptr(norm_weight), node.params["eps"])
+        args = (*head, 0, self.ptr(node.output), in_features, out_features, self.backend.stream)  # 0: no residual
+        return [Launch(mk.kernels.gemv, args)]
+
+    def bind_matmul_add(self, node: Node) -> list[Launch]:
+        x, weight, residual = node.inputs
+        out_features, in_features = weight.shape
+        head = (self.ptr(weight), self.weight_type(weight), self.ptr(x), 0, 0.0)  # 0: no norm
+        args = (*head, self.ptr(residual), self.ptr(node.output), in_features, out_features, self.backend.stream)
+        return [Launch(mk.kernels.gemv, args)]
+
+    def bind_norm_swiglu(self, node: Node) -> list[Launch]:
+        x, norm_weight, gate_up = node.inputs
+        in_features = gate_up.shape[1]
+        head = (self.ptr(gate_up), self.weight_type(gate_up), self.ptr(x), self.ptr(norm_weight), node.params["eps"])
+        args = (*head, self.ptr(node.output), in_features, node.output.shape[1], self.backend.stream)
+        return [Launch(mk.kernels.gemv_swiglu, args)]
+
+    def bind_norm_qkv_rope_store(self, node: Node) -> list[Launch]:
+        x, norm_weight, qkv, positions, *bias = node.inputs
+        cache_k, cache_v = node.writes
+        p = node.params
+        head = (self.ptr(qkv), self.weight_type(qkv), self.ptr(x), self.ptr(norm_weight), p["eps"])
+        outputs = (self.ptr(bias[0]) if bias else 0, self.ptr(node.output), self.ptr(cache_k), self.ptr(cache_v))
+        heads = (qkv.shape[1], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["rope_dim"], p["theta"])
+        mode = mk.kernels.ROPE_NEOX if p["neox"] else mk.kernels.ROPE_NORMAL
+        args = (*head, *outputs, self.ptr(positions), *heads, mode, cache_k.shape[0], self.backend.stream)
+        return [Launch(mk.kernels.gemv_qkv_rope_store, args)]
+
+    def weight_type(self, weight: Tensor) -> int:
+        return int(self.backend.weight_types[weight.name])
 
     def bind_last_row(self, node: Node) -> list[Launch]:
         (x,) = node.inputs
@@ -241,6 +295,20 @@ BINDERS: dict[Op, Callable[[CudaCompiledGraph, Node], list[Launch]]] = {
     Op.ADD: CudaCompiledGraph.bind_add,
     Op.SWIGLU: CudaCompiledGraph.bind_swiglu,
     Op.LAST_ROW: CudaCompiledGraph.bind_last_row,
+    Op.NORM_MATMUL: CudaCompiledGraph.bind_norm_matmul,
+    Op.MATMUL_ADD: CudaCompiledGraph.bind_matmul_add,
+    Op.NORM_SWIGLU: CudaCompiledGraph.bind_norm_swiglu,
+    Op.NORM_QKV_ROPE_STORE: CudaCompiledGraph.bind_norm_qkv_rope_store,
+}
+FUSED_OPS = frozenset({Op.NORM_MATMUL, Op.MATMUL_ADD, Op.NORM_SWIGLU, Op.NORM_QKV_ROPE_STORE})  # one token each
+# Which input of an op is the GGUF weight (or table) its kernel decodes.
+WEIGHT_INPUT = {
+    Op.EMBED: 0,
+    Op.MATMUL: 1,
+    Op.MATMUL_ADD: 1,
+    Op.NORM_MATMUL: 2,
+    Op.NORM_SWIGLU: 2,
+    Op.NORM_QKV_ROPE_STORE: 2,
 }
 
 
@@ -264,22 +332,46 @@ class CudaBackend(Backend):
     def supports(self, op: Op) -> bool:
         return op in BINDERS
 
-    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
-        tensors = [gguf.tensor(name) for name in names]
-        for tensor in tensors:
+    def load_weights(
+        self,
+        gguf: GGUFFile,
+        names: list[str],
+        progress: ProgressCallback | None = None,
+        *,
+        stacked: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        for name in names:
+            tensor = gguf.tensor(name)
             if tensor.qtype not in KERNEL_TYPES:
                 raise BackendError(
                     f"cuda: tensor '{tensor.name}' is {tensor.qtype.name}; the CUDA kernels read "
                     f"{', '.join(sorted(t.name for t in KERNEL_TYPES))} (use --backend cpu for this model)"
                 )
-        total, done = sum(t.nbytes for t in tensors), 0
-        for tensor in tensors:
-            self.weights.register(tensor.name, tensor.raw_bytes())
-            self.weight_types[tensor.name] = tensor.qtype
-            done += tensor.nbytes
-            if progress is not None:
-                progress(done, total)
+        report = LoadProgress(gguf, names, progress)
+        in_a_stack = set()
+        for name, parts in (stacked or {}).items():
+            self.register(stack_rows(name, [gguf.tensor(part) for part in parts]))
+            offset = 0
+            for part in parts:
+                tensor = gguf.tensor(part)
+                if offset % VIEW_ALIGNMENT == 0:
+                    self.weights.register_view(part, name, offset)
+                    self.weight_types[part] = tensor.qtype
+                else:
+                    self.register(tensor)
+                offset += tensor.nbytes
+                in_a_stack.add(part)
+                report.loaded(part)
+        for name in names:
+            if name not in in_a_stack:
+                self.register(gguf.tensor(name))
+                report.loaded(name)
         mk.sync(self.stream)
+
+    def register(self, tensor: TensorInfo) -> None:
+        """Upload a tensor's stored bytes into the weight registry under its name."""
+        self.weights.register(tensor.name, tensor.raw_bytes())
+        self.weight_types[tensor.name] = tensor.qtype
 
     def allocate_states(self, states: list[Tensor]) -> None:
         for tensor in states:
@@ -312,19 +404,25 @@ class CudaBackend(Backend):
         if rows > MAX_ROWS_PER_LAUNCH:
             raise refuse(f"{rows} rows exceed the {MAX_ROWS_PER_LAUNCH} a launch can cover")
         for tensor in node.inputs:
-            if tensor.kind is TensorKind.WEIGHT and tensor.name not in self.weights.buffers:
+            if tensor.kind is TensorKind.WEIGHT and tensor.name not in self.weights:
                 raise refuse(f"weight '{tensor.name}' is not in the weight registry")
             if tensor.kind is TensorKind.STATE and tensor.name not in self.states:
                 raise refuse(f"state '{tensor.name}' is not allocated")
-        if node.op in (Op.MATMUL, Op.EMBED):
-            weight = node.inputs[1] if node.op is Op.MATMUL else node.inputs[0]
+        if node.op in WEIGHT_INPUT:
+            weight = node.inputs[WEIGHT_INPUT[node.op]]
             try:
                 mk.row_bytes(int(self.weight_types[weight.name]), weight.shape[1])
             except ValueError as exc:
                 raise refuse(str(exc)) from None
+        if node.op in FUSED_OPS:
+            if rows != 1:
+                raise refuse(f"fused op '{node.op.value}' runs one token; this node has {rows}")
+            in_features = node.inputs[WEIGHT_INPUT[node.op]].shape[1]
+            if in_features % 8:
+                raise refuse(f"the one-token kernels need rows of a multiple of 8 values, not {in_features}")
         if node.op is Op.ADD and node.inputs[0].shape != node.inputs[1].shape:
             raise refuse(f"add input size mismatch ({node.inputs[0].shape} vs {node.inputs[1].shape})")
-        if node.op in (Op.ROPE, Op.ATTENTION):
+        if node.op in (Op.ROPE, Op.ATTENTION, Op.NORM_QKV_ROPE_STORE):
             head_dim = node.params["head_dim"]
             if head_dim % 32 or head_dim > 256:
                 raise refuse(f"head size {head_dim} is not a multiple of 32 up to 256, as the kernels need")

@@ -1,0 +1,493 @@
+// Matrix products for many tokens on the tensor cores: y[t][o] = sum_i W[o][i] * x[t][i], the same function
+// as launch_matmul (matmul.cu), for prefill.
+//
+// With n_tokens = M, out_features = N and in_features = K, this is a GEMM of M x N x K multiply-adds. At
+// prefill sizes (M = 512, N = 4864, K = 896) it has far more arithmetic than memory traffic: 4.5 GFLOP over
+// 2.5 MB of Q4_0 weights. The CUDA cores' float32 FMAs top out near 60 TFLOP/s on an H200; its tensor cores
+// do f16 products with float32 sums an order of magnitude faster, so both operands go through f16:
+//
+//   - W, in its GGUF bytes (ggml_formats.cuh), is decoded to f16 on its way into shared memory:
+//     f16(d * q), one rounding of the exact float32 weight (relative error <= 2^-11);
+//   - x, float32, is rounded to f16 on its way into shared memory (relative error <= 2^-11, and f16's
+//     range: |x| beyond 65504 becomes infinite, which then shows in y rather than being hidden);
+//   - the tensor cores multiply the f16 tiles and accumulate in float32 registers.
+//
+// Work split. The block computes a BM x BN tile of y (BM tokens by BN output features), walking K in
+// steps of 32 (one quantized block per weight row per step). Each step, the block's threads
+//   1. load the next step's 32 columns of x and of W from global memory into registers (raw bytes),
+//   2. multiply the current step's tiles, already in shared memory, on the tensor cores,
+//   3. decode the registers to f16 and store them into the other shared-memory buffer,
+// then meet at one barrier. The global loads of step 1 are in flight while step 2 computes: two
+// shared-memory buffers and a register stage hide part of the load latency, one step deep (copying raw
+// bytes several steps ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
+//
+// Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
+// multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix. That instruction set
+// exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
+// layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build) take a scalar path through the
+// same shared-memory tiles. Every compiled architecture computes the same function.
+#include "common.cuh"
+#include "ggml_formats.cuh"
+#include "launchers.h"
+
+namespace minfer {
+namespace {
+
+constexpr int K_STEP = QK;              // columns of K per step: one quantized block of every weight row
+constexpr int TILE_PAD = 8;             // f16 padding per shared-memory row: keeps ldmatrix free of bank conflicts
+constexpr int TILE_STRIDE = K_STEP + TILE_PAD;  // f16 per shared-memory row (80 bytes: 16-byte aligned rows)
+constexpr int X_VECTORS_PER_ROW = K_STEP / 4;   // float4 loads covering one token's 32 values of x
+
+// The block tile (BM tokens x BN output features), its warps' layout (WARPS_M x WARPS_N warps), and the
+// blocks each SM should hold at once (which caps the registers per thread).
+template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int MIN_BLOCKS_PER_SM_>
+struct TileShape {
+    static constexpr int BM = BM_;
+    static constexpr int BN = BN_;
+    static constexpr int WARPS_M = WARPS_M_;
+    static constexpr int WARPS_N = WARPS_N_;
+    static constexpr int MIN_BLOCKS_PER_SM = MIN_BLOCKS_PER_SM_;
+    static constexpr int THREADS = WARPS_M * WARPS_N * WARP_SIZE;
+    static constexpr int WARP_M = BM / WARPS_M;   // tokens of one warp's piece of the tile
+    static constexpr int WARP_N = BN / WARPS_N;   // output features of one warp's piece
+    static constexpr int FRAGS_M = WARP_M / 16;   // 16-row accumulator fragments along M
+    static constexpr int FRAGS_N = WARP_N / 8;    // 8-column accumulator fragments along N
+    static constexpr int X_VECTORS_PER_THREAD = BM * X_VECTORS_PER_ROW / THREADS;
+    static constexpr int W_PARTS_PER_THREAD = 2 * BN / THREADS;  // a part is half a block: 16 weights
+    static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp pieces are whole 16 x 16 fragments");
+    static_assert(BM * X_VECTORS_PER_ROW % THREADS == 0, "the x tile splits evenly over the threads");
+    static_assert(2 * BN % THREADS == 0, "the W tile's half blocks split evenly over the threads");
+};
+
+// 128 x 128, 8 warps of 64 x 32: the most reuse per byte loaded, for products that give every SM a tile.
+// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products.
+using LargeTiles = TileShape<128, 128, 2, 4, 2>;
+// 64 x 64, 4 warps of 32 x 32: four times as many blocks, for narrow products (N = 896) and few tokens.
+using SmallTiles = TileShape<64, 64, 2, 2, 4>;
+
+// ---- Weight formats: 16 weights of one row (half a quantized block) decoded to f16 ------------------------
+//
+// A thread loads its part of a block into registers (`Raw`, step 1 above) and decodes it later (step 3)
+// into 8 words of f16 pairs: two runs of 8 consecutive weights (words 0-3, 4-7), each one 16-byte store
+// into shared memory. Run r of part p starts at column p * PART_STRIDE + r * RUN_STRIDE of the step. The
+// quantized formats keep value j in the low nibble (or byte) j and value j + 16 in the high nibble of byte
+// j (or byte j + 16), so their part p is bytes 8p .. 8p + 7: columns 8p .. 8p + 7 and 16 + 8p .. 16 + 8p + 7.
+// The float formats' part p is simply columns 16p .. 16p + 15.
+//
+// f16 bit tricks: the f16 with bits 0x6400 | n is 1024 + n exactly for n < 1024, so a byte or nibble moved
+// into the low bits of 0x6400 becomes a float without a conversion instruction; subtracting 1024 (plus the
+// format's zero point) is exact, and one multiplication by the scale rounds once.
+
+__device__ __forceinline__ __half2 bits_to_half2(std::uint32_t bits) { return *reinterpret_cast<__half2*>(&bits); }
+
+__device__ __forceinline__ std::uint32_t half2_to_bits(__half2 pair) {
+    return *reinterpret_cast<std::uint32_t*>(&pair);
+}
+
+// Bytes 0, 1 (pair 0) or 2, 3 (pair 1) of `word` moved to bits 0-7 and 16-23: the two f16 lanes of a half2.
+__device__ __forceinline__ std::uint32_t spread_byte_pair(std::uint32_t word, int pair) {
+    return __byte_perm(word, 0, pair == 0 ? 0x4140 : 0x4342);
+}
+
+constexpr std::uint32_t F16_1024_PAIR = 0x64006400;  // the bits of half2(1024, 1024)
+constexpr std::uint32_t LOW_NIBBLES = 0x000F000F;
+
+// Two little-endian 2-byte words as one 4-byte word (for blocks that sit on a 2-byte boundary only).
+__device__ __forceinline__ std::uint32_t join_words(const std::uint16_t* words) {
+    return std::uint32_t(words[0]) | (std::uint32_t(words[1]) << 16);
+}
+
+struct Q4_0Tile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint16_t scale;
+        std::uint32_t bytes[2];  // bytes 8p .. 8p + 7 of the nibbles
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 18-byte blocks: only 2-byte loads are aligned.
+        const BlockQ4_0& b = reinterpret_cast<const BlockQ4_0*>(row)[block];
+        const std::uint16_t* words = reinterpret_cast<const std::uint16_t*>(b.qs) + 4 * part;
+        return {*reinterpret_cast<const std::uint16_t*>(&b.d), {join_words(words), join_words(words + 2)}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const __half2 scale = __half2half2(__ushort_as_half(raw.scale));
+        const __half2 offset = __float2half2_rn(1024.0f + 8.0f);  // the f16 trick's 1024 and Q4_0's zero point 8
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const std::uint32_t spread = spread_byte_pair(raw.bytes[k / 2], k % 2);
+            const __half2 low_q = bits_to_half2((spread & LOW_NIBBLES) | F16_1024_PAIR);
+            const __half2 high_q = bits_to_half2(((spread >> 4) & LOW_NIBBLES) | F16_1024_PAIR);
+            words[k] = half2_to_bits(__hmul2(__hsub2(low_q, offset), scale));
+            words[4 + k] = half2_to_bits(__hmul2(__hsub2(high_q, offset), scale));
+        }
+    }
+};
+
+struct Q4_1Tile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint32_t scale_and_min;
+        std::uint32_t bytes[2];
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 20-byte blocks keep the row's 4-byte alignment (the launcher checked the base).
+        const BlockQ4_1& b = reinterpret_cast<const BlockQ4_1*>(row)[block];
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(b.qs) + 2 * part;
+        return {*reinterpret_cast<const std::uint32_t*>(&b.d), {words[0], words[1]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const __half2 scale_and_min = bits_to_half2(raw.scale_and_min);
+        const __half2 scale = __low2half2(scale_and_min);
+        const __half2 minimum = __high2half2(scale_and_min);
+        const __half2 offset = __float2half2_rn(1024.0f);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const std::uint32_t spread = spread_byte_pair(raw.bytes[k / 2], k % 2);
+            const __half2 low_q = bits_to_half2((spread & LOW_NIBBLES) | F16_1024_PAIR);
+            const __half2 high_q = bits_to_half2(((spread >> 4) & LOW_NIBBLES) | F16_1024_PAIR);
+            words[k] = half2_to_bits(__hfma2(__hsub2(low_q, offset), scale, minimum));
+            words[4 + k] = half2_to_bits(__hfma2(__hsub2(high_q, offset), scale, minimum));
+        }
+    }
+};
+
+struct Q8_0Tile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint16_t scale;
+        std::uint32_t bytes[4];  // bytes 8p .. 8p + 7, then 16 + 8p .. 16 + 8p + 7
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 34-byte blocks: only 2-byte loads are aligned.
+        const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(row)[block];
+        const std::uint16_t* low = reinterpret_cast<const std::uint16_t*>(b.qs) + 4 * part;
+        const std::uint16_t* high = low + 8;
+        return {*reinterpret_cast<const std::uint16_t*>(&b.d),
+                {join_words(low), join_words(low + 2), join_words(high), join_words(high + 2)}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const __half2 scale = __half2half2(__ushort_as_half(raw.scale));
+        const __half2 offset = __float2half2_rn(1024.0f + 128.0f);  // a signed byte b, xor 0x80, is b + 128
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const std::uint32_t spread = spread_byte_pair(raw.bytes[k / 2], k % 2) ^ 0x00800080;
+            words[k] = half2_to_bits(__hmul2(__hsub2(bits_to_half2(spread | F16_1024_PAIR), offset), scale));
+        }
+    }
+};
+
+struct F16Tile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        uint4 values[2];
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // Rows of 32k f16 are 64-byte multiples; the launcher checked the base is 16-byte aligned.
+        const uint4* vectors = reinterpret_cast<const uint4*>(row) + 4 * block + 2 * part;
+        return {{vectors[0], vectors[1]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const uint4 first = raw.values[0];
+        const uint4 second = raw.values[1];
+        words[0] = first.x;
+        words[1] = first.y;
+        words[2] = first.z;
+        words[3] = first.w;
+        words[4] = second.x;
+        words[5] = second.y;
+        words[6] = second.z;
+        words[7] = second.w;
+    }
+};
+
+struct F32Tile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        float4 values[4];
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        const float4* vectors = reinterpret_cast<const float4*>(row) + 8 * block + 4 * part;
+        return {{vectors[0], vectors[1], vectors[2], vectors[3]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            words[2 * k] = half2_to_bits(__floats2half2_rn(raw.values[k].x, raw.values[k].y));
+            words[2 * k + 1] = half2_to_bits(__floats2half2_rn(raw.values[k].z, raw.values[k].w));
+        }
+    }
+};
+
+// ---- One step's tiles: global -> registers -> f16 in shared memory -----------------------------------------
+
+// The registers one thread carries from step 1 (load) to step 3 (decode and store) of a K step.
+template <class Tiles, class Format>
+struct StepRegisters {
+    float4 x[Tiles::X_VECTORS_PER_THREAD];
+    typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
+};
+
+// x tile: BM tokens x 32 values; float4 i of the tile is token i / 8, values 4 (i % 8) ..., so consecutive
+// threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
+// block, consecutive threads walking down the rows. Tokens past n_tokens and rows past out_features are
+// not read; they are stored as zeros.
+template <class Tiles, class Format>
+__device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const float* x, const std::uint8_t* weight,
+                                          long long row_bytes, int in_features, int n_tokens, int out_features,
+                                          int first_token, int first_row, int step) {
+#pragma unroll
+    for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
+        const int i = threadIdx.x + v * Tiles::THREADS;
+        const int token = first_token + i / X_VECTORS_PER_ROW;
+        const int column = step * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
+        regs.x[v] = token < n_tokens ? *reinterpret_cast<const float4*>(x + std::size_t(token) * in_features + column)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
+        const int i = threadIdx.x + p * Tiles::THREADS;
+        const int row = first_row + i / 2;
+        if (row < out_features) regs.w[p] = Format::load(weight + row * row_bytes, step, i % 2);
+    }
+}
+
+template <class Tiles, class Format>
+__device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& regs, __half* x_tile, __half* w_tile,
+                                           int rows_left) {
+#pragma unroll
+    for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
+        const int i = threadIdx.x + v * Tiles::THREADS;
+        const float4 four = regs.x[v];
+        uint2 halves;
+        halves.x = half2_to_bits(__floats2half2_rn(four.x, four.y));
+        halves.y = half2_to_bits(__floats2half2_rn(four.z, four.w));
+        *reinterpret_cast<uint2*>(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 4) = halves;
+    }
+#pragma unroll
+    for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
+        const int i = threadIdx.x + p * Tiles::THREADS;
+        const int row = i / 2;
+        const int part = i % 2;
+        std::uint32_t words[8] = {};  // rows past out_features multiply as zeros
+        if (row < rows_left) Format::decode(regs.w[p], words);
+        __half* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
+        *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+        *reinterpret_cast<uint4*>(out + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
+    }
+}
+
+// ---- The tensor-core step: a warp's accumulators += its x rows (A) times its W rows (B) ---------------------
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+
+__device__ __forceinline__ unsigned shared_address(const __half* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+// Four 8 x 8 f16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8 and
+// receives, of each matrix, the two values of row l / 4 at columns 2 (l % 4), 2 (l % 4) + 1.
+__device__ __forceinline__ void load_matrix_x4(std::uint32_t (&out)[4], const __half* row_address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                 : "r"(shared_address(row_address)));
+}
+
+// acc (16 x 8, float32) += a (16 x 16, f16, row-major fragment) * b (16 x 8, f16, column-major fragment).
+__device__ __forceinline__ void mma_16x8x16(float (&acc)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    // sm_75: the same product as two k8 halves; a[0..1] and b[0] hold k 0-7, a[2..3] and b[1] hold k 8-15.
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+}
+
+// acc[i][j] is the 16 x 8 fragment at rows warp_row + 16 i, columns warp_column + 8 j of the block tile.
+template <class Tiles>
+__device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const __half* x_tile,
+                                              const __half* w_tile, int warp_row, int warp_column) {
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int k = 0; k < K_STEP; k += 16) {
+        // A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+        std::uint32_t a[Tiles::FRAGS_M][4];
+#pragma unroll
+        for (int i = 0; i < Tiles::FRAGS_M; ++i)
+            load_matrix_x4(a[i], x_tile + (warp_row + 16 * i + lane % 16) * TILE_STRIDE + k + (lane / 16) * 8);
+        // B fragments, two 8-column fragments per ldmatrix: (cols 0-7, k 0-7), (cols 0-7, k 8-15),
+        // (cols 8-15, k 0-7), (cols 8-15, k 8-15), W's rows being B's columns.
+        std::uint32_t b[Tiles::FRAGS_N][2];
+#pragma unroll
+        for (int j = 0; j < Tiles::FRAGS_N; j += 2) {
+            std::uint32_t pair[4];
+            const int column = warp_column + 8 * j + lane % 8 + (lane / 16) * 8;
+            load_matrix_x4(pair, w_tile + column * TILE_STRIDE + k + ((lane / 8) % 2) * 8);
+            b[j][0] = pair[0];
+            b[j][1] = pair[1];
+            b[j + 1][0] = pair[2];
+            b[j + 1][1] = pair[3];
+        }
+#pragma unroll
+        for (int i = 0; i < Tiles::FRAGS_M; ++i)
+#pragma unroll
+            for (int j = 0; j < Tiles::FRAGS_N; ++j) mma_16x8x16(acc[i][j], a[i], b[j]);
+    }
+}
+
+#else
+
+// Before sm_75 (no ldmatrix, no m16n8 mma): each lane computes its accumulator elements from shared memory,
+// in the layout the tensor-core path uses, so the epilogue is the same.
+template <class Tiles>
+__device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const __half* x_tile,
+                                              const __half* w_tile, int warp_row, int warp_column) {
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int i = 0; i < Tiles::FRAGS_M; ++i)
+#pragma unroll
+        for (int j = 0; j < Tiles::FRAGS_N; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const __half* x_row = x_tile + (warp_row + 16 * i + lane / 4 + 8 * (e / 2)) * TILE_STRIDE;
+                const __half* w_row = w_tile + (warp_column + 8 * j + 2 * (lane % 4) + e % 2) * TILE_STRIDE;
+                float sum = 0.0f;
+                for (int k = 0; k < K_STEP; ++k) sum += __half2float(x_row[k]) * __half2float(w_row[k]);
+                acc[i][j][e] += sum;
+            }
+}
+
+#endif
+
+// ---- The kernel -----------------------------------------------------------------------------------------
+
+// Block: Tiles::THREADS threads; blockIdx.x the tile of output features, blockIdx.y the tile of tokens.
+template <class Tiles, class Format>
+__global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
+    gemm_f16_tensor_cores(const std::uint8_t* __restrict__ weight, long long row_bytes, const float* __restrict__ x,
+                          float* __restrict__ y, int in_features, int out_features, int n_tokens) {
+    __shared__ __align__(16) __half x_tiles[2][Tiles::BM * TILE_STRIDE];
+    __shared__ __align__(16) __half w_tiles[2][Tiles::BN * TILE_STRIDE];
+
+    const int first_row = blockIdx.x * Tiles::BN;
+    const int first_token = blockIdx.y * Tiles::BM;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp_row = (warp / Tiles::WARPS_N) * Tiles::WARP_M;
+    const int warp_column = (warp % Tiles::WARPS_N) * Tiles::WARP_N;
+    const int n_steps = in_features / K_STEP;
+    const int rows_left = out_features - first_row;
+
+    float acc[Tiles::FRAGS_M][Tiles::FRAGS_N][4] = {};
+    StepRegisters<Tiles, Format> regs;
+    load_step(regs, x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row, 0);
+    store_step(regs, x_tiles[0], w_tiles[0], rows_left);
+    __syncthreads();
+    for (int step = 0; step < n_steps; ++step) {
+        const int current = step % 2;
+        const bool has_next = step + 1 < n_steps;
+        if (has_next)
+            load_step(regs, x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row,
+                      step + 1);
+        multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
+        // The other buffer was last read in the previous step, before the barrier that ended it.
+        if (has_next) store_step(regs, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+        __syncthreads();
+    }
+
+    // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
+#pragma unroll
+    for (int i = 0; i < Tiles::FRAGS_M; ++i)
+#pragma unroll
+        for (int j = 0; j < Tiles::FRAGS_N; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
+                const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
+                if (token < n_tokens && column < out_features)
+                    y[std::size_t(token) * out_features + column] = acc[i][j][e];
+            }
+}
+
+// One product's arguments, as launch_gemm received them (row_bytes: bytes of one weight row).
+struct Product {
+    const std::uint8_t* weight;
+    long long row_bytes;
+    const float* x;
+    float* y;
+    int in_features;
+    int out_features;
+    int n_tokens;
+};
+
+template <class Tiles>
+long long tile_count(const Product& p) {
+    return static_cast<long long>(ceil_div(p.out_features, Tiles::BN)) * ceil_div(p.n_tokens, Tiles::BM);
+}
+
+template <class Tiles, class Format>
+cudaError_t launch_tiles(const Product& p, cudaStream_t stream) {
+    // grid.x: ceil(out_features / BN) tiles of output features; grid.y: ceil(n_tokens / BM) tiles of tokens.
+    // Blocks next to each other in x share their x rows, which then stay in L2 while W streams past.
+    const dim3 grid(ceil_div(p.out_features, Tiles::BN), ceil_div(p.n_tokens, Tiles::BM));
+    gemm_f16_tensor_cores<Tiles, Format><<<grid, Tiles::THREADS, 0, stream>>>(p.weight, p.row_bytes, p.x, p.y,
+                                                                              p.in_features, p.out_features,
+                                                                              p.n_tokens);
+    return cudaGetLastError();
+}
+
+// Large tiles when they alone give every SM a block (at 512 tokens: ffn_gate and ffn_up, 152 blocks);
+// fewer, bigger tiles re-read x and W less often. Otherwise small tiles, four times as many blocks, so
+// narrow products (N = 896: 112 blocks) and short prompts still spread over the GPU.
+template <class Format>
+cudaError_t launch_format(const Product& p, int multiprocessors, cudaStream_t stream) {
+    if (tile_count<LargeTiles>(p) >= multiprocessors) return launch_tiles<LargeTiles, Format>(p, stream);
+    return launch_tiles<SmallTiles, Format>(p, stream);
+}
+
+}  // namespace
+}  // namespace minfer
+
+using namespace minfer;
+
+extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features,
+                                   int out_features, int n_tokens, cudaStream_t stream) {
+    const long long bytes = row_bytes(type, in_features);
+    if (bytes < 0 || in_features % K_STEP != 0)
+        return minfer_refuse("type must be F32, F16, Q4_0, Q4_1 or Q8_0, and in_features a multiple of 32");
+    if (in_features <= 0 || out_features <= 0 || n_tokens <= 0)
+        return minfer_refuse("in_features, out_features and n_tokens must be positive");
+    if (!is_aligned(x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
+    const bool float_weights = type == GGML_F32 || type == GGML_F16;
+    if (!is_aligned(weight, float_weights ? 16 : 4))
+        return minfer_refuse("weight must be 16-byte aligned for F32/F16 (16-byte loads) and 4-byte aligned otherwise");
+    int device = 0;
+    int multiprocessors = 0;
+    if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
+    if (const cudaError_t failed = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+        failed != cudaSuccess)
+        return failed;
+    const Product product{static_cast<const std::uint8_t*>(weight), bytes, x, y, in_features, out_features, n_tokens};
+    switch (type) {
+        case GGML_F32: return launch_format<F32Tile>(product, multiprocessors, stream);
+        case GGML_F16: return launch_format<F16Tile>(product, multiprocessors, stream);
+        case GGML_Q4_0: return launch_format<Q4_0Tile>(product, multiprocessors, stream);
+        case GGML_Q4_1: return launch_format<Q4_1Tile>(product, multiprocessors, stream);
+        default: return launch_format<Q8_0Tile>(product, multiprocessors, stream);
+    }
+}

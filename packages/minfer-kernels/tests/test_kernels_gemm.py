@@ -1,0 +1,114 @@
+"""The tensor-core GEMM (prefill matrix products) against a float64 reference.
+
+Weights are random, quantized with gguf.quants.quantize; the reference multiplies gguf.quants.dequantize
+of those bytes by x in float64. Shapes are chosen to leave partial tiles everywhere: token counts that
+are not multiples of the 64- or 128-token tiles, output features that are not multiples of 64, and
+in_features = 32 * 37, whose odd number of 18- or 34-byte blocks puts every other weight row on a 2-byte
+boundary.
+
+Error bounds. The kernel rounds both operands to f16 (unit roundoff u = 2^-11) and sums in float32:
+    elementwise  |y - y_ref| <= 2^-9 * sum_i |W[o,i] x[t,i]|: each product carries at most two f16
+                 roundings (2u = 2^-10), plus float32 accumulation over at most 4864 terms (< 3e-4); 2^-9
+                 leaves a factor ~1.5 of margin over that worst case;
+    overall      ||y - y_ref|| / ||y_ref|| <= 1e-3: the roundings are independent and random (rms about
+                 0.3u per operand), so the typical error is ~3e-4 of the output. This is the check that
+                 catches a misplaced weight or token: one wrong product in a row of 896 moves that row by
+                 ~2%, far beyond 1e-3, while it could hide inside the worst-case elementwise bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+
+import numpy as np
+import pytest
+from kernel_testing import assert_close, from_device, poisoned, quantize, randn, requires_gpu
+
+import minfer_kernels as mk
+from minfer_kernels import kernels
+
+pytestmark = requires_gpu
+
+ELEMENTWISE_RTOL = 2.0**-9
+NORM_RTOL = 1e-3
+
+_session_rng = np.random.default_rng(int(os.environ.get("MINFER_TEST_SEED") or secrets.randbits(32)))
+
+
+@functools.lru_cache(maxsize=8)
+def weights(ggml_type: mk.GGMLType, rows: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantized random weights, shared by the tests of one shape; fresh every session."""
+    return quantize(randn(_session_rng, rows, n, scale=0.5), ggml_type)
+
+
+# (in_features, out_features): Qwen2.5-0.5B's ffn_up and ffn_down, an odd block count with an output that
+# fills no tile, and the smallest product (one K step, 33 outputs).
+SHAPES = [(896, 4864), (4864, 896), (32 * 37, 1000), (32, 33)]
+TOKENS = [16, 17, 33, 100, 512, 513]
+
+
+def run_gemm(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raw: np.ndarray, x: np.ndarray, out_features: int):
+    n_tokens, in_features = x.shape
+    y = poisoned((n_tokens, out_features), np.float32, stream)
+    kernels.gemm(dev(raw), ggml_type, dev(x), y.ptr, in_features, out_features, n_tokens, stream.handle)
+    return from_device(y, (n_tokens, out_features), np.float32, stream)
+
+
+def assert_gemm_close(got: np.ndarray, values: np.ndarray, x: np.ndarray, what: str) -> None:
+    w64, x64 = values.astype(np.float64), x.astype(np.float64)
+    expected = x64 @ w64.T
+    condition = np.abs(x64) @ np.abs(w64).T  # sum_i |W[o,i] x[t,i]|
+    assert_close(got, expected, ELEMENTWISE_RTOL, scale=condition, what=what)
+    relative = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+    assert relative <= NORM_RTOL, f"{what}: ||y - y_ref|| / ||y_ref|| = {relative:.3g} > {NORM_RTOL:g}"
+
+
+@pytest.mark.parametrize("n_tokens", TOKENS)
+@pytest.mark.parametrize(("in_features", "out_features"), SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
+def test_gemm_matches_float64(rng, stream, dev, ggml_type, in_features, out_features, n_tokens):
+    raw, values = weights(ggml_type, out_features, in_features)
+    x = randn(rng, n_tokens, in_features)
+    got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
+    assert_gemm_close(got, values, x, f"gemm {ggml_type.name} {in_features}->{out_features} x{n_tokens}")
+
+
+def test_gemm_of_a_vocabulary_wide_weight(rng, stream, dev):
+    """The lm_head shape (151936 outputs): over a thousand column tiles, the last one partial."""
+    raw, values = weights(mk.GGMLType.Q8_0, 151936, 128)
+    x = randn(rng, 33, 128)
+    got = run_gemm(stream, dev, mk.GGMLType.Q8_0, raw, x, 151936)
+    assert_gemm_close(got, values, x, "gemm Q8_0 128->151936 x33")
+
+
+def test_gemm_agrees_with_matmul(rng, stream, dev):
+    """The two kernels behind Op.MATMUL compute one function (within the GEMM's f16 rounding)."""
+    raw, values = weights(mk.GGMLType.Q4_0, 4864, 896)
+    x = randn(rng, 64, 896)
+    by_gemm = run_gemm(stream, dev, mk.GGMLType.Q4_0, raw, x, 4864)
+    y = poisoned((64, 4864), np.float32, stream)
+    kernels.matmul(dev(raw), mk.GGMLType.Q4_0, dev(x), y.ptr, 896, 4864, 64, stream.handle)
+    by_matmul = from_device(y, (64, 4864), np.float32, stream)
+    assert_gemm_close(by_gemm, values, x, "gemm")
+    condition = np.abs(x.astype(np.float64)) @ np.abs(values.astype(np.float64)).T
+    assert_close(by_gemm, by_matmul, ELEMENTWISE_RTOL, scale=condition, what="gemm vs matmul")
+
+
+def test_gemm_refuses_what_it_cannot_compute(stream):
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
+        kernels.gemm(p, mk.GGMLType.F32, p, p, 33, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
+        kernels.gemm(p, 10, p, p, 256, 4, 16, h)  # type 10 is Q2_K
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*positive"):
+        kernels.gemm(p, mk.GGMLType.Q4_0, p, p, 32, 4, 0, h)
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*x must be 16-byte aligned"):
+        kernels.gemm(p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*weight must be 16-byte aligned"):
+        kernels.gemm(p + 4, mk.GGMLType.F16, p, p, 32, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*4-byte aligned"):
+        kernels.gemm(p + 2, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
+    mk.sync(h)  # nothing reached CUDA: nothing is pending
