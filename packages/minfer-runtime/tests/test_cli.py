@@ -586,10 +586,11 @@ def test_bench_json_output(tiny_model):
     records = json.loads(result.stdout)
     assert [r["test"] for r in records] == ["pp16", "tg4"]
     for record in records:
-        assert len(record["tokens_per_second"]) == 2
-        assert record["avg_ts"] == pytest.approx(sum(record["tokens_per_second"]) / 2)
+        assert len(record["samples_ts"]) == 2
+        assert record["avg_ts"] == pytest.approx(sum(record["samples_ts"]) / 2)
         assert record["avg_ts"] > 0 and record["stddev_ts"] >= 0
-        assert record["backend"] == "cpu"
+        assert record["backends"] == "cpu" and record["model_n_params"] > 0 and record["model_size"] > 0
+    assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in records] == [(16, 0, 0), (0, 4, 0)]
 
 
 def test_bench_at_depth_names_its_tests_like_llama_bench(tiny_model):

@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,10 +27,16 @@ class BenchResult:
     size_bytes: int
     n_parameters: int
     backend: str
-    test: str  # "pp512", "tg128"
+    kind: str  # "pp" (prompt processing) or "tg" (text generation)
     n_tokens: int
+    depth: int  # tokens already in the KV cache when the test starts
     tokens_per_second: list[float]
     weight_bytes_per_token: int  # bytes of weights one decode step reads (tg only)
+
+    @property
+    def test(self) -> str:
+        """llama-bench's name: `pp512`, `tg128`, `tg128 @ d2048`."""
+        return f"{self.kind}{self.n_tokens}" + (f" @ d{self.depth}" if self.depth else "")
 
     @property
     def mean(self) -> float:
@@ -43,7 +49,7 @@ class BenchResult:
     @property
     def weight_gb_per_second(self) -> float | None:
         """Achieved weight traffic for decode tests: weight bytes per token x tokens per second."""
-        if not self.test.startswith("tg"):
+        if self.kind != "tg":
             return None
         return self.weight_bytes_per_token * self.mean / 1e9
 
@@ -97,23 +103,21 @@ def bench(
     rng = np.random.default_rng(seed)
     vocab = engine.tokenizer.vocab_size
     context = [int(t) for t in rng.integers(0, vocab, size=depth)]
-    at_depth = f" @ d{depth}" if depth else ""  # llama-bench's name for a test at depth
     weight_bytes = sum(engine.gguf.tensor(name).nbytes for name in engine.config.expected_tensors())
     results = []
 
-    def record(test: str, n: int, speeds: list[float]) -> None:
-        results.append(
-            BenchResult(info.name, info.file_size, info.n_parameters, info.backend, test, n, speeds, weight_bytes)
-        )
+    def record(kind: str, n: int, speeds: list[float]) -> None:
+        model = (info.name, info.file_size, info.n_parameters, info.backend)
+        results.append(BenchResult(*model, kind, n, depth, speeds, weight_bytes))
 
     for n in prompt_sizes:
         tokens = [int(t) for t in rng.integers(0, vocab, size=n)]
         speeds = run_test(lambda tokens=tokens: time_prompt(engine, context, tokens), n, repetitions)
-        record(f"pp{n}{at_depth}", n, speeds)
+        record("pp", n, speeds)
     for n in gen_sizes:
         first = int(rng.integers(0, vocab))
         speeds = run_test(lambda n=n, first=first: time_generation(engine, context, first, n), n, repetitions)
-        record(f"tg{n}{at_depth}", n, speeds)
+        record("tg", n, speeds)
     engine.reset()
     return results
 
@@ -141,9 +145,22 @@ def to_markdown(results: list[BenchResult]) -> str:
 
 
 def to_json(results: list[BenchResult]) -> str:
-    records = []
-    for r in results:
-        record = asdict(r)
-        record |= {"avg_ts": r.mean, "stddev_ts": r.stddev, "weight_gb_per_second": r.weight_gb_per_second}
-        records.append(record)
+    """One record per test, with llama-bench's JSON field names (plus `test` and the weight traffic)."""
+    records = [
+        {
+            "model_type": r.model,
+            "model_size": r.size_bytes,
+            "model_n_params": r.n_parameters,
+            "backends": r.backend,
+            "n_prompt": r.n_tokens if r.kind == "pp" else 0,
+            "n_gen": r.n_tokens if r.kind == "tg" else 0,
+            "n_depth": r.depth,
+            "test": r.test,
+            "avg_ts": r.mean,
+            "stddev_ts": r.stddev,
+            "samples_ts": r.tokens_per_second,
+            "weight_gb_per_second": r.weight_gb_per_second,
+        }
+        for r in results
+    ]
     return json.dumps(records, indent=2)
