@@ -11,10 +11,12 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf import quants as gguf_quants
 
-from minfer.errors import ModelFileError
+from minfer.chat_template import ChatTemplate
+from minfer.errors import MinferError, ModelFileError
 from minfer.gguf_file import GGUFFile
 from minfer.models.config import ModelConfig
 from minfer.quants import block_format, dequantize
+from minfer.tokenizer import Tokenizer
 
 
 def damaged_copy(source: Path, tmp_path: Path) -> Path:
@@ -215,3 +217,27 @@ def test_every_supported_type_loads_and_dequantizes(tmp_path):
         assert got.shape == (rows, n_values)
         assert np.isfinite(got).all() and np.abs(got).max() > 0
         np.testing.assert_array_equal(got, expected)
+
+
+def test_random_damage_is_always_a_clear_error_or_a_valid_load(synthetic_model, tmp_path):
+    """Flip bytes in the header and metadata (and sometimes cut the file): never anything but a MinferError."""
+    original = synthetic_model().read_bytes()
+    rng = np.random.default_rng(2026)
+    path = tmp_path / "fuzzed.gguf"
+    outcomes = {"loaded": 0, "refused": 0}
+    for _ in range(150):
+        damaged = bytearray(original)
+        for position in rng.integers(0, 40_000, size=rng.integers(1, 5)):
+            damaged[position] = rng.integers(0, 256)
+        if rng.random() < 0.3:
+            damaged = damaged[: rng.integers(8, len(damaged))]
+        path.write_bytes(damaged)
+        try:
+            gguf = GGUFFile(path)
+            ModelConfig.from_gguf(gguf)
+            ChatTemplate.from_gguf(gguf, Tokenizer.from_gguf(gguf))
+            outcomes["loaded"] += 1
+        except MinferError as exc:
+            assert str(path) in str(exc), f"the message does not name the file: {exc}"
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0 and outcomes["loaded"] > 0
