@@ -47,12 +47,3 @@ def dequantize(tensor: TensorInfo) -> np.ndarray:
         return np.asarray(tensor.data, dtype=np.float32).reshape(numpy_shape)
     values = gguf_quants.dequantize(tensor.data, tensor.qtype)
     return np.asarray(values, dtype=np.float32).reshape(numpy_shape)
-
-
-def quantize(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """Quantize float values (last axis = rows) into GGUF bytes, as the writer stores them."""
-    if qtype == GGMLQuantizationType.F32:
-        return np.ascontiguousarray(values, dtype=np.float32)
-    if qtype == GGMLQuantizationType.F16:
-        return np.ascontiguousarray(values, dtype=np.float16)
-    return gguf_quants.quantize(np.ascontiguousarray(values, dtype=np.float32), qtype)

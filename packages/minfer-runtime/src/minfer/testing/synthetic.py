@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 from minfer.gguf_file import GGUFFile
 from minfer.models.config import ModelConfig
-from minfer.quants import quantize
+from minfer.testing.quantize import quantize
 from minfer.testing.vocab import add_tokenizer_metadata
 
 
@@ -72,7 +72,36 @@ PRESETS: dict[str, SyntheticSpec] = {
 
 WEIGHT_TYPES = {t.name: t for t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
                                     GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
-                                    GGMLQuantizationType.Q4_1)}  # fmt: skip
+                                    GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K,
+                                    GGMLQuantizationType.Q6_K)}  # fmt: skip
+# Mixes of types, as llama-quantize makes them (`Q4_K_M`: see `q4_k_m_type`).
+MIXES = ("Q4_K_M",)
+# A K-quant needs rows of whole 256-value super-blocks; llama-quantize falls back to these otherwise.
+K_QUANT_FALLBACK = {GGMLQuantizationType.Q4_K: GGMLQuantizationType.Q5_0,
+                    GGMLQuantizationType.Q6_K: GGMLQuantizationType.Q8_0}  # fmt: skip
+
+
+def uses_more_bits(layer: int, n_layers: int) -> bool:
+    """llama-quantize's choice of layers that get more bits in a _M mix: the first and last eighth, every third."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, row_length: int, n_layers: int, tied_output: bool) -> GGMLQuantizationType:
+    """The type llama-quantize gives a matrix in a Q4_K_M model (its llama_tensor_get_type, for llama/qwen2)."""
+    if name == "output.weight" or (tied_output and name == "token_embd.weight"):
+        qtype = GGMLQuantizationType.Q6_K
+    elif name.endswith(("attn_v.weight", "ffn_down.weight")):
+        layer = int(name.split(".")[1])
+        qtype = GGMLQuantizationType.Q6_K if uses_more_bits(layer, n_layers) else GGMLQuantizationType.Q4_K
+    else:
+        qtype = GGMLQuantizationType.Q4_K
+    return qtype if row_length % 256 == 0 else K_QUANT_FALLBACK[qtype]
+
+
+def matrix_type(spec: SyntheticSpec, weight_type: str, name: str, row_length: int) -> GGMLQuantizationType:
+    if weight_type == "Q4_K_M":
+        return q4_k_m_type(name, row_length, spec.n_layers, spec.tied_output)
+    return WEIGHT_TYPES[weight_type]
 
 
 def random_tensors(spec: SyntheticSpec, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
@@ -102,7 +131,8 @@ def write_synthetic_model(
     """
     if isinstance(spec, str):
         spec = PRESETS[spec]
-    qtype = WEIGHT_TYPES[weight_type]
+    if weight_type not in (*WEIGHT_TYPES, *MIXES):
+        raise ValueError(f"unknown weight type {weight_type!r} (choose from {', '.join([*WEIGHT_TYPES, *MIXES])})")
     path = Path(path)
     writer = GGUFWriter(str(path), spec.architecture)
     writer.add_name(f"synthetic-{spec.architecture}-{spec.n_layers}L-{spec.d_model}d-{weight_type}")
@@ -121,6 +151,7 @@ def write_synthetic_model(
         if values.ndim == 1:
             writer.add_tensor(name, values)
         else:
+            qtype = matrix_type(spec, weight_type, name, values.shape[-1])
             writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -150,7 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Write a synthetic GGUF model with random weights.")
     parser.add_argument("out", type=Path)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2.5-0.5b")
-    parser.add_argument("--weight-type", choices=sorted(WEIGHT_TYPES), default="Q4_0")
+    parser.add_argument("--weight-type", choices=sorted([*WEIGHT_TYPES, *MIXES]), default="Q4_0")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     path = write_synthetic_model(args.out, args.preset, weight_type=args.weight_type, seed=args.seed)

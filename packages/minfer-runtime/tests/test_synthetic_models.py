@@ -1,0 +1,66 @@
+"""The synthetic-model writer: K-quant quantizers, the Q4_K_M mix, and models that load and run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+import minfer
+from minfer.gguf_file import GGUFFile
+from minfer.testing.quantize import quantize
+from minfer.testing.synthetic import q4_k_m_type, scaled, uses_more_bits
+
+# Relative error bounds of a round trip through the quantizer and gguf's dequantizer (‖Δ‖ / ‖x‖): a 4-bit code
+# with a per-32 offset lands near 1/15 of a sub-block's range, a 6-bit code near 1/63 of its absmax.
+K_QUANT_BOUNDS = {GGMLQuantizationType.Q4_K: 0.1, GGMLQuantizationType.Q6_K: 0.03}
+
+
+@pytest.mark.parametrize("qtype", sorted(K_QUANT_BOUNDS, key=lambda t: t.name))
+def test_k_quants_round_trip_through_ggufs_dequantizer(qtype):
+    rng = np.random.default_rng(4)
+    values = np.concatenate(
+        [
+            0.02 * rng.standard_normal((3, 768)),
+            np.abs(rng.standard_normal((1, 768))),  # all positive
+            -np.abs(rng.standard_normal((1, 768))),  # all negative
+            np.zeros((1, 768)),
+        ]
+    ).astype(np.float32)
+    encoded = quantize(values, qtype)
+    per_block = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210}[qtype]
+    assert encoded.shape == (6, 3 * per_block) and encoded.dtype == np.uint8
+    decoded = gguf_quants.dequantize(encoded, qtype)
+    for row, original in zip(decoded, values, strict=True):
+        if not original.any():
+            assert not row.any()
+            continue
+        error = np.linalg.norm(row - original) / np.linalg.norm(original)
+        assert error < K_QUANT_BOUNDS[qtype], f"{qtype.name}: relative error {error:.3f}"
+
+
+def test_k_quants_need_whole_super_blocks():
+    with pytest.raises(ValueError, match="Q4_K rows need a multiple of 256 values, got 896"):
+        quantize(np.ones((2, 896), dtype=np.float32), GGMLQuantizationType.Q4_K)
+
+
+def test_q4_k_m_mix_follows_llama_quantize():
+    assert [layer for layer in range(24) if uses_more_bits(layer, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
+    q4_k, q5_0, q6_k, q8_0 = (GGMLQuantizationType[t] for t in ("Q4_K", "Q5_0", "Q6_K", "Q8_0"))
+    assert q4_k_m_type("blk.3.ffn_down.weight", 4864, 24, True) is q4_k
+    assert q4_k_m_type("blk.2.ffn_down.weight", 4864, 24, True) is q6_k
+    assert q4_k_m_type("blk.2.attn_v.weight", 896, 24, True) is q8_0  # Q6_K falls back: 896 is not 256-aligned
+    assert q4_k_m_type("blk.3.ffn_up.weight", 896, 24, True) is q5_0  # Q4_K falls back likewise
+    assert q4_k_m_type("token_embd.weight", 1024, 24, True) is q6_k  # tied: the output head's type
+    assert q4_k_m_type("token_embd.weight", 1024, 24, False) is q4_k
+
+
+def test_a_q4_k_m_model_loads_and_generates(synthetic_model):
+    spec = scaled("tiny-llama", d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, n_layers=3)
+    path = synthetic_model(spec, "Q4_K_M")
+    mix = GGUFFile(path).quant_mix()
+    assert {"Q4_K", "Q6_K", "F32"} <= set(mix)
+    engine = minfer.load(path, backend="cpu")
+    text = "".join(engine.generate("Hello", max_tokens=8, temperature=0))
+    assert engine.last_stats.generated_tokens > 0 and isinstance(text, str)
