@@ -13,7 +13,10 @@
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
 # MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
 # MINFER_GPU_CHECK_ONLY (a comma-separated subset of the steps after the build, for a quick iteration:
-# kernels, memcheck, microbench, runtime, run-memcheck, bench, depth, op-timing; default: every step).
+# kernels, memcheck, microbench, runtime, run-memcheck, bench, bench-eager, depth, op-timing, llama-bench;
+# default: every step), MINFER_BENCH_TYPES (weight types of the benchmark models, default Q4_0 Q8_0),
+# LLAMA_BENCH (a llama-bench binary: the llama-bench step runs it on the same models, for a same-call
+# comparison; the step is skipped without it).
 # Exit status: 0 when every step passed.
 set -uo pipefail
 
@@ -142,21 +145,37 @@ if run_step "install minfer-runtime" runtime-install.log \
     mkdir -p "$BENCH_DIR"
     for weight_type in ${MINFER_BENCH_TYPES:-Q4_0 Q8_0}; do
         model="$BENCH_DIR/qwen2.5-0.5b-$weight_type.gguf"
-        if ! wanted bench && ! wanted depth && ! wanted op-timing; then
+        if ! wanted bench && ! wanted bench-eager && ! wanted depth && ! wanted op-timing && ! wanted llama-bench; then
             continue  # no step below reads the benchmark models
         fi
         [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset qwen2.5-0.5b --weight-type "$weight_type"
-        wanted bench || continue
-        run_step "bench $weight_type, graph replay" "bench-$weight_type-replay.log" \
-            "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 -r "${MINFER_BENCH_REPS:-5}"
-        run_step "bench $weight_type, no graph replay" "bench-$weight_type-eager.log" \
-            env MINFER_NO_CUDA_GRAPH=1 "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 \
-            -r "${MINFER_BENCH_REPS:-5}"
+        if wanted bench; then
+            run_step "bench $weight_type, graph replay" "bench-$weight_type-replay.log" \
+                "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 -r "${MINFER_BENCH_REPS:-5}"
+            # The same, each kernel waiting for the previous one to finish (no programmatic dependent launch).
+            run_step "bench $weight_type, graph replay, no PDL" "bench-$weight_type-nopdl.log" \
+                env MINFER_NO_PDL=1 "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 \
+                -r "${MINFER_BENCH_REPS:-5}"
+        fi
+        if wanted bench-eager; then
+            run_step "bench $weight_type, no graph replay" "bench-$weight_type-eager.log" \
+                env MINFER_NO_CUDA_GRAPH=1 "$PYTHON" -m minfer.cli bench "$model" --backend cuda -p 512 -n 128 \
+                -r "${MINFER_BENCH_REPS:-5}"
+        fi
+        if wanted llama-bench && [ -n "${LLAMA_BENCH:-}" ]; then
+            run_step "llama-bench $weight_type (llama.cpp, flash attention on)" "bench-$weight_type-llama.cpp.log" \
+                "$LLAMA_BENCH" -m "$model" -p 512 -n 128 -fa 1 -ngl 99 -r "${MINFER_BENCH_REPS:-5}"
+        fi
     done
     # Decode deep in the context: ANCHORS.md's llama.cpp number is tg128 at depth 2048.
     wanted depth && run_step "bench Q4_0 at depth 2048, graph replay" bench-Q4_0-depth.log \
         "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda -p 512 -n 128 -d 2048 \
         --ctx-size 4096 -r "${MINFER_BENCH_REPS:-5}"
+    if wanted llama-bench && [ -n "${LLAMA_BENCH:-}" ]; then
+        run_step "llama-bench Q4_0 at depth 2048 (llama.cpp)" bench-Q4_0-depth-llama.cpp.log \
+            "$LLAMA_BENCH" -m "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" -p 512 -n 128 -d 2048 -fa 1 -ngl 99 \
+            -r "${MINFER_BENCH_REPS:-5}"
+    fi
     wanted op-timing && run_step "op timing, Q4_0 decode" op-timing.log \
         env MINFER_OP_TIMING=1 "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda \
         -p 16 -n 32 -r 1

@@ -55,6 +55,12 @@ def prefill_cases(
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16):
         for n_in, n_out in ((HIDDEN, FFN), (FFN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, KV_HEADS * HEAD_DIM)):
             product(kernels.gemm, ggml_type, n_in, n_out, 512)
+    # The formats of llama-quantize's Q4_K_M mix, at the FFN shapes. The K-quants need in_features in whole
+    # 256-value super-blocks: 4864 is 19 of them, 896 is not (such rows fall back to Q5_0 or Q8_0).
+    for n_in, n_out in ((HIDDEN, FFN), (FFN, HIDDEN)):
+        product(kernels.gemm, mk.GGMLType.Q5_0, n_in, n_out, 512)
+    for ggml_type in (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K):
+        product(kernels.gemm, ggml_type, FFN, HIDDEN, 512)
     for n_tokens in (8, 16, 32, 64):
         for kernel in (kernels.matmul, kernels.gemm):
             product(kernel, mk.GGMLType.Q4_0, HIDDEN, FFN, n_tokens)
@@ -120,24 +126,28 @@ def main() -> None:
     caches, positions = floats(2 * 4096 * KV_HEADS * HEAD_DIM), mk.upload(np.array([1000], np.int32), h)
     keep.append(positions)
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0):
-        gate_up_bytes = mk.row_bytes(ggml_type, HIDDEN) * 2 * FFN
-        w, x, act = device(gate_up_bytes), floats(HIDDEN), floats(FFN)
+        part_bytes = mk.row_bytes(ggml_type, HIDDEN) * FFN
+        gate, up, x, act = device(part_bytes), device(part_bytes), floats(HIDDEN), floats(FFN)
         cases.append(
             (
                 f"gemv_swiglu {ggml_type.name} {HIDDEN}->2x{FFN}",
-                gate_up_bytes + 4 * (2 * HIDDEN + FFN),
-                lambda w=w, t=ggml_type, x=x, act=act: kernels.gemv_swiglu(w, t, x, norm, 1e-6, act, HIDDEN, FFN, h),
+                2 * part_bytes + 4 * (2 * HIDDEN + FFN),
+                lambda g=gate, u=up, t=ggml_type, x=x, act=act: kernels.gemv_swiglu(
+                    g, u, t, x, norm, 1e-6, act, HIDDEN, FFN, h
+                ),
             )
         )
-        qkv_bytes = mk.row_bytes(ggml_type, HIDDEN) * qkv_rows
+        row = mk.row_bytes(ggml_type, HIDDEN)
+        weights = [arg for rows in (HEADS, KV_HEADS, KV_HEADS) for arg in (device(row * rows * HEAD_DIM), ggml_type)]
         k_cache, v_cache = caches, caches + 4 * 4096 * KV_HEADS * HEAD_DIM
-        outputs = (floats(qkv_rows), floats(HEADS * HEAD_DIM), k_cache, v_cache, positions.ptr)  # bias, q, ...
+        biases = (floats(HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM))
+        outputs = (*biases, floats(HEADS * HEAD_DIM), k_cache, v_cache, positions.ptr)  # biases, q, caches, ...
         heads = (HIDDEN, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, 1e6, kernels.ROPE_NEOX, 4096)
-        qkv_args = (device(qkv_bytes), ggml_type, x, norm, 1e-6, *outputs, *heads, h)
+        qkv_args = (*weights, x, norm, 1e-6, *outputs, *heads, h)
         cases.append(
             (
                 f"gemv_qkv_rope_store {ggml_type.name} {HIDDEN}->{qkv_rows}",
-                qkv_bytes + 4 * (2 * HIDDEN + 2 * qkv_rows),
+                row * qkv_rows + 4 * (2 * HIDDEN + 2 * qkv_rows),
                 lambda args=qkv_args: kernels.gemv_qkv_rope_store(*args),
             )
         )

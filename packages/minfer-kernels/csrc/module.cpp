@@ -246,7 +246,7 @@ void bind_kernels(nb::module_& k) {
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemm", launch_gemm,
                     "matmul's product on the tensor cores, for many tokens: W and x rounded to f16, float32 sums; "
-                    "in_features a multiple of 32, x 16-byte aligned.",
+                    "in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte aligned.",
                     "weight"_a, "type"_a, "x"_a, "y"_a, "in_features"_a, "out_features"_a, "n_tokens"_a,
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
@@ -256,18 +256,19 @@ void bind_kernels(nb::module_& k) {
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv_swiglu", launch_gemv_swiglu,
-                    "One token: out[i] = silu(g_i) * u_i, g_i = (W h)[i], u_i = (W h)[d_ff + i] (W stacks the gate "
-                    "rows, then the up rows), h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",
-                    "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "out"_a, "in_features"_a, "d_ff"_a,
+                    "One token: out[i] = silu((G h)[i]) * (U h)[i], G and U the gate and up weights (d_ff rows "
+                    "each, one GGML type), h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",
+                    "gate"_a, "up"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "out"_a, "in_features"_a, "d_ff"_a,
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemv_qkv_rope_store", launch_gemv_qkv_rope_store,
-                    "One token: qkv = W h (+ bias), W stacking Wq, Wk, Wv; RoPE (mode as rope_f32) on the q and k "
-                    "heads at positions[0]; q to `q`, k and v to row positions[0] of the caches "
-                    "([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 traps. h = x or "
-                    "RMSNorm(x) * norm_weight (norm_weight 0: none); bias 0: none.",
-                    "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "bias"_a, "q"_a, "k_cache"_a, "v_cache"_a,
-                    "positions"_a, "in_features"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a,
-                    "freq_base"_a, "mode"_a, "n_ctx"_a, "stream"_a);
+                    "One token: q = Wq h + bq, k = Wk h + bk, v = Wv h + bv (each weight its own GGML type; a bias "
+                    "0: none); RoPE (mode as rope_f32) on the q and k heads at positions[0]; q to `q`, k and v to "
+                    "row positions[0] of the caches ([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 "
+                    "traps. h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",
+                    "wq"_a, "q_type"_a, "wk"_a, "k_type"_a, "wv"_a, "v_type"_a, "x"_a, "norm_weight"_a, "eps"_a,
+                    "bq"_a, "bk"_a, "bv"_a, "q"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "in_features"_a,
+                    "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a, "freq_base"_a, "mode"_a, "n_ctx"_a,
+                    "stream"_a);
     MINFER_LAUNCHER(k, "kv_store_f32", launch_kv_store_f32,
                     "k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t] (rows of kv_dim floats); "
                     "positions: device int32 [n_tokens]; a position outside 0..n_ctx-1 traps.",

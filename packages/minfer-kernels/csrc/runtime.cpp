@@ -10,8 +10,11 @@
 #include "runtime.hpp"
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 extern "C" cudaError_t minfer_refuse(const char* reason);
+extern "C" bool minfer_programmatic_launch();
 
 namespace minfer {
 namespace {
@@ -207,8 +210,16 @@ int driver_version() {
 // Destructors cannot raise. A failing cudaFree / cudaFreeHost / ...Destroy means the context is already
 // broken (a sticky error the next checked call reports) or the process is exiting (cudart unloading).
 
+// A new buffer holds zeros: kernels that keep counters in a workspace (attention.cu) rely on it, and a
+// stray read of a fresh buffer then sees zeros rather than another tensor's leftovers. cudaMemset runs on
+// the legacy stream, which the backends' non-blocking streams do not wait for: the synchronize makes the
+// zeros land before any later work on any stream.
 DeviceBuffer::DeviceBuffer(std::size_t nbytes) : nbytes_(nbytes) {
     check(cudaMalloc(&ptr_, nbytes), "cudaMalloc(" + std::to_string(nbytes) + " bytes)");
+    cudaError_t zeroed = cudaMemset(ptr_, 0, nbytes);
+    if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(nullptr);
+    if (zeroed != cudaSuccess) cudaFree(ptr_);  // the constructor throws: no destructor will free it
+    check(zeroed, "cudaMemset(" + std::to_string(nbytes) + " bytes) of a new DeviceBuffer");
 }
 
 DeviceBuffer::~DeviceBuffer() {
@@ -329,4 +340,24 @@ bool is_capturing(cudaStream_t stream) {
 extern "C" cudaError_t minfer_refuse(const char* reason) {
     minfer::refusal_reason = reason;
     return cudaErrorInvalidValue;
+}
+
+// Asked at every overlapped launch, so it must be cheap: the answer per device is computed once. The
+// environment is read then too; MINFER_NO_PDL only exists to measure the difference (docs/PERFORMANCE.md).
+extern "C" bool minfer_programmatic_launch() {
+    constexpr int MAX_DEVICES = 64;
+    static std::atomic<signed char> answer[MAX_DEVICES] = {};  // 0 unknown, 1 yes, -1 no
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= MAX_DEVICES) return false;
+    signed char known = answer[device].load(std::memory_order_relaxed);
+    if (known == 0) {
+        int major = 0;
+        const bool hopper = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                            major >= 9;
+        const char* off = std::getenv("MINFER_NO_PDL");
+        const bool disabled = off != nullptr && off[0] != '\0' && std::string(off) != "0";
+        known = hopper && !disabled ? 1 : -1;
+        answer[device].store(known, std::memory_order_relaxed);
+    }
+    return known > 0;
 }

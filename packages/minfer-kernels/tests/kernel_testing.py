@@ -29,8 +29,14 @@ GGUF_TYPES = {
     mk.GGMLType.F16: gguf.GGMLQuantizationType.F16,
     mk.GGMLType.Q4_0: gguf.GGMLQuantizationType.Q4_0,
     mk.GGMLType.Q4_1: gguf.GGMLQuantizationType.Q4_1,
+    mk.GGMLType.Q5_0: gguf.GGMLQuantizationType.Q5_0,
     mk.GGMLType.Q8_0: gguf.GGMLQuantizationType.Q8_0,
+    mk.GGMLType.Q4_K: gguf.GGMLQuantizationType.Q4_K,
+    mk.GGMLType.Q6_K: gguf.GGMLQuantizationType.Q6_K,
 }
+
+# Rows of these are whole 256-value super-blocks; gguf.quants decodes them but cannot encode them.
+K_QUANTS = (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K)
 
 
 def to_device(array: np.ndarray, stream: mk.Stream) -> mk.DeviceBuffer:
@@ -104,6 +110,39 @@ def quantize(weights: np.ndarray, ggml_type: mk.GGMLType) -> tuple[np.ndarray, n
     assert raw.shape == (rows, mk.row_bytes(ggml_type, n)), "the kernels' row size disagrees with GGUF"
     values = gguf.quants.dequantize(encoded, qtype).astype(np.float32).reshape(rows, n)
     return raw, values
+
+
+def random_k_quant(
+    rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType
+) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes [rows][row_bytes] of random valid super-blocks, their values from gguf.quants.dequantize).
+
+    Every byte is random (quants, high bits, packed 6-bit scales and mins, Q6_K's int8 scales) except the
+    float16 super-block scales (Q4_K's d and dmin, Q6_K's d), drawn from N(0, 0.01^2): random bits there
+    would give infinities and NaNs, and ~0.01 keeps the values within a few tens.
+    """
+    qtype = GGUF_TYPES[ggml_type]
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    assert n % block_values == 0, f"{ggml_type.name} rows are whole {block_values}-value super-blocks, not {n} values"
+    blocks = rng.integers(0, 256, (rows, n // block_values, block_bytes), dtype=np.uint8)
+    # Where the float16 scales sit: d, dmin first in a Q4_K block; d last in a Q6_K block.
+    first, count = (0, 2) if ggml_type == mk.GGMLType.Q4_K else (block_bytes - 2, 1)
+    scales = (rng.standard_normal((rows, n // block_values, count)) * 0.01).astype(np.float16)
+    blocks[..., first : first + 2 * count] = scales.view(np.uint8)
+    raw = blocks.reshape(rows, -1)
+    assert raw.shape[1] == mk.row_bytes(ggml_type, n), "the kernels' row size disagrees with GGUF"
+    values = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(rows, n)
+    return raw, values
+
+
+def random_weights(
+    rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes, their values) of a random [rows][n] weight: N(0, scale^2) values through quantize, or
+    random super-blocks for the K-quants (random_k_quant; `scale` does not apply)."""
+    if ggml_type in K_QUANTS:
+        return random_k_quant(rng, rows, n, ggml_type)
+    return quantize(randn(rng, rows, n, scale=scale), ggml_type)
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -1,10 +1,12 @@
 """The tensor-core GEMM (prefill matrix products) against a float64 reference.
 
-Weights are random, quantized with gguf.quants.quantize; the reference multiplies gguf.quants.dequantize
-of those bytes by x in float64. Shapes are chosen to leave partial tiles everywhere: token counts that
-are not multiples of the 64- or 128-token tiles, output features that are not multiples of 64, and
-in_features = 32 * 37, whose odd number of 18- or 34-byte blocks puts every other weight row on a 2-byte
-boundary.
+Weights are random, quantized with gguf.quants.quantize (Q4_K and Q6_K: random valid super-blocks,
+kernel_testing.random_k_quant); the reference multiplies gguf.quants.dequantize of those bytes by x in
+float64. Shapes are chosen to leave partial tiles everywhere: token counts that are not multiples of the
+64- or 128-token tiles, output features that are not multiples of 64, and in_features = 32 * 37, whose
+odd number of 18-, 22- or 34-byte blocks puts every other weight row on a 2-byte boundary. The K-quants
+need in_features in whole 256-value super-blocks; their shapes play the same roles (256 * 5: an odd number
+of 210-byte Q6_K blocks), plus 1024 -> 4864, whose 512-token products take the 128 x 128 tiles.
 
 Error bounds. The kernel rounds both operands to f16 (unit roundoff u = 2^-11) and sums in float32:
     elementwise  |y - y_ref| <= 2^-9 * sum_i |W[o,i] x[t,i]|: each product carries at most two f16
@@ -24,7 +26,7 @@ import secrets
 
 import numpy as np
 import pytest
-from kernel_testing import assert_close, from_device, poisoned, quantize, randn, requires_gpu
+from kernel_testing import K_QUANTS, assert_close, from_device, poisoned, randn, random_weights, requires_gpu
 
 import minfer_kernels as mk
 from minfer_kernels import kernels
@@ -40,12 +42,17 @@ _session_rng = np.random.default_rng(int(os.environ.get("MINFER_TEST_SEED") or s
 @functools.lru_cache(maxsize=8)
 def weights(ggml_type: mk.GGMLType, rows: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Quantized random weights, shared by the tests of one shape; fresh every session."""
-    return quantize(randn(_session_rng, rows, n, scale=0.5), ggml_type)
+    return random_weights(_session_rng, rows, n, ggml_type, scale=0.5)
 
 
 # (in_features, out_features): Qwen2.5-0.5B's ffn_up and ffn_down, an odd block count with an output that
 # fills no tile, and the smallest product (one K step, 33 outputs).
 SHAPES = [(896, 4864), (4864, 896), (32 * 37, 1000), (32, 33)]
+# The K-quants': ffn_down, ffn_up-like, an odd super-block count, one super-block (eight K steps).
+K_QUANT_SHAPES = [(4864, 896), (1024, 4864), (256 * 5, 1000), (256, 33)]
+GEMM_CASES = [(t, shape) for t in mk.GGMLType if t not in K_QUANTS for shape in SHAPES] + [
+    (t, shape) for t in K_QUANTS for shape in K_QUANT_SHAPES
+]
 TOKENS = [16, 17, 33, 100, 512, 513]
 
 
@@ -66,9 +73,9 @@ def assert_gemm_close(got: np.ndarray, values: np.ndarray, x: np.ndarray, what: 
 
 
 @pytest.mark.parametrize("n_tokens", TOKENS)
-@pytest.mark.parametrize(("in_features", "out_features"), SHAPES, ids=lambda v: str(v))
-@pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
-def test_gemm_matches_float64(rng, stream, dev, ggml_type, in_features, out_features, n_tokens):
+@pytest.mark.parametrize(("ggml_type", "shape"), GEMM_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_gemm_matches_float64(rng, stream, dev, ggml_type, shape, n_tokens):
+    in_features, out_features = shape
     raw, values = weights(ggml_type, out_features, in_features)
     x = randn(rng, n_tokens, in_features)
     got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
@@ -101,8 +108,11 @@ def test_gemm_refuses_what_it_cannot_compute(stream):
     p, h = buffer.ptr, stream.handle
     with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
         kernels.gemm(p, mk.GGMLType.F32, p, p, 33, 4, 16, h)
-    with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
+    with pytest.raises(ValueError, match=r"launch_gemm refused .*type must be"):
         kernels.gemm(p, 10, p, p, 256, 4, 16, h)  # type 10 is Q2_K
+    for k_quant in K_QUANTS:
+        with pytest.raises(ValueError, match=r"launch_gemm refused .*of 256 for Q4_K/Q6_K"):
+            kernels.gemm(p, k_quant, p, p, 32 * 9, 4, 16, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*positive"):
         kernels.gemm(p, mk.GGMLType.Q4_0, p, p, 32, 4, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*x must be 16-byte aligned"):

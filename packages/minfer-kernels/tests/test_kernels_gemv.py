@@ -19,6 +19,7 @@ from kernel_testing import (
     poisoned,
     quantize,
     randn,
+    random_weights,
     requires_gpu,
     rms_norm,
     rope,
@@ -35,12 +36,23 @@ pytestmark = requires_gpu
 EPS = 1e-6
 NORM_RTOL = 2e-5
 ALL_TYPES = list(mk.GGMLType)
-QUANTIZED = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q8_0)
+K_QUANTS = (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K)  # rows of whole 256-value super-blocks only
+QUANTIZED = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0, *K_QUANTS)
 
 # (in_features, out_features): one block (32), a partial last warp step (896 = 3.5 steps of 256), a row
-# longer than 8 warps' steps (4864), the vocabulary (151936 rows, 8 per block; narrow rows, as in the
+# split over several warps (4864), the vocabulary (151936 rows, 4 per warp; narrow rows, as in the
 # matmul tests, whose cached weights these share), an odd row count on either side of 16384.
 SHAPES = [(32, 1), (896, 33), (896, 4864), (4864, 896), (128, 151936), (1024, 4097), (64, 16411)]
+# The same situations in whole super-blocks: one, split rows, an odd count past 16384.
+K_SHAPES = [(256, 1), (4864, 896), (1024, 4097), (512, 16411)]
+TYPE_SHAPES = [
+    (t, shape) for t in ALL_TYPES for shape in (K_SHAPES if t in K_QUANTS else SHAPES)
+]  # fmt: skip
+
+
+def width(ggml_type: mk.GGMLType) -> int:
+    """A row length every type reads: Qwen2.5-0.5B's 896, or 1024 for the K-quants' super-blocks."""
+    return 1024 if ggml_type in K_QUANTS else 896
 
 
 def references(values: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -50,8 +62,7 @@ def references(values: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("ggml_type", "shape"), TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemv(rng, stream, dev, ggml_type, shape, norm):
     in_features, out_features = shape
     raw, values = weights(ggml_type, out_features, in_features)
@@ -68,7 +79,7 @@ def test_gemv(rng, stream, dev, ggml_type, shape, norm):
 
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
 def test_gemv_adds_the_residual_in_place(rng, stream, dev, ggml_type):
-    raw, values = quantize(randn(rng, 896, 4864, scale=0.5), ggml_type)
+    raw, values = random_weights(rng, 896, 4864, ggml_type, scale=0.5)
     x, residual = randn(rng, 4864), randn(rng, 896, scale=3.0)
     y = to_device(residual, stream)  # y is the residual: the add happens in place
     kernels.gemv(dev(raw), ggml_type, dev(x), 0, EPS, y.ptr, y.ptr, 4864, 896, stream.handle)
@@ -91,15 +102,20 @@ def test_gemv_adds_a_separate_residual(rng, stream, dev):
 @pytest.mark.parametrize("d_ff", [1, 33, 4864])
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
 def test_gemv_swiglu(rng, stream, dev, ggml_type, d_ff):
-    raw, values = quantize(randn(rng, 2 * d_ff, 896, scale=0.05), ggml_type)  # gate rows, then up rows
-    x, norm_weight = randn(rng, 896), randn(rng, 896)
+    d = width(ggml_type)
+    (gate_raw, gate_values), (up_raw, up_values) = (
+        random_weights(rng, d_ff, d, ggml_type, scale=0.05) for _ in range(2)
+    )
+    x, norm_weight = randn(rng, d), randn(rng, d)
     out = poisoned(d_ff, np.float32, stream)
-    kernels.gemv_swiglu(dev(raw), ggml_type, dev(x), dev(norm_weight), EPS, out.ptr, 896, d_ff, stream.handle)
-    products, condition = references(values, rms_norm(x, norm_weight, EPS))
-    gate, up = products[:d_ff], products[d_ff:]
+    kernels.gemv_swiglu(
+        dev(gate_raw), dev(up_raw), ggml_type, dev(x), dev(norm_weight), EPS, out.ptr, d, d_ff, stream.handle
+    )
+    h = rms_norm(x, norm_weight, EPS)
+    (gate, gate_condition), (up, up_condition) = references(gate_values, h), references(up_values, h)
     expected = silu(gate) * up
     # |d(silu(g) u)| <= 1.1 |u| |dg| + |silu(g)| |du|, each product within NORM_RTOL of its condition
-    scale = 1.1 * np.abs(up) * condition[:d_ff] + np.abs(silu(gate)) * condition[d_ff:] + np.abs(expected)
+    scale = 1.1 * np.abs(up) * gate_condition + np.abs(silu(gate)) * up_condition + np.abs(expected)
     got = from_device(out, d_ff, np.float32, stream)
     assert_close(got, expected, NORM_RTOL, scale=scale, what=f"swiglu {ggml_type.name}")
 
@@ -113,21 +129,33 @@ QKV_CASES = [
 ]
 
 
+# The types of Wq, Wk, Wv: one type for all three, and the mixes llama-quantize's Q4_K_M makes (attn_v
+# with more bits than attn_q and attn_k; Q5_0 and Q8_0 where rows are not whole super-blocks).
+QKV_TYPES = [(t, t, t) for t in ALL_TYPES] + [
+    (mk.GGMLType.Q5_0, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0),
+    (mk.GGMLType.Q4_K, mk.GGMLType.Q4_K, mk.GGMLType.Q6_K),
+]
+
+
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias"), QKV_CASES)
-@pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
-def test_gemv_qkv_rope_store(rng, stream, dev, ggml_type, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias):
-    d, n_ctx = 896, 37
+@pytest.mark.parametrize("types", QKV_TYPES, ids=lambda ts: "-".join(t.name for t in ts))
+def test_gemv_qkv_rope_store(rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias):
+    d, n_ctx = max(width(t) for t in types), 37
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-    raw, values = quantize(randn(rng, q_dim + 2 * kv_dim, d, scale=0.5), ggml_type)
+    parts = [random_weights(rng, rows, d, t, scale=0.5) for rows, t in zip((q_dim, kv_dim, kv_dim), types, strict=True)]
+    values = np.concatenate([part_values for _, part_values in parts])
     x, norm_weight, bias_values = randn(rng, d), randn(rng, d), randn(rng, q_dim + 2 * kv_dim)
+    biases = np.split(bias_values, [q_dim, q_dim + kv_dim])
     position = int(rng.integers(0, n_ctx))
     caches = [randn(rng, n_ctx, kv_dim) for _ in range(2)]
     k_cache, v_cache = (to_device(cache, stream) for cache in caches)
     q = poisoned(q_dim, np.float32, stream)
+    weight_args = [arg for (raw, _), t in zip(parts, types, strict=True) for arg in (dev(raw), t)]
+    bias_args = [dev(b) if bias else 0 for b in biases]
     kernels.gemv_qkv_rope_store(
-        dev(raw), ggml_type, dev(x), dev(norm_weight), EPS, dev(bias_values) if bias else 0, q.ptr, k_cache.ptr,
-        v_cache.ptr, dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, freq_base,
-        mode, n_ctx, stream.handle,
+        *weight_args, dev(x), dev(norm_weight), EPS, *bias_args, q.ptr, k_cache.ptr, v_cache.ptr,
+        dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, n_ctx,
+        stream.handle,
     )  # fmt: skip
 
     products, condition = references(values, rms_norm(x, norm_weight, EPS))
@@ -161,5 +189,8 @@ def test_gemv_refuses_what_it_cannot_read(stream):
         kernels.gemv(p, mk.GGMLType.F16, p, 0, EPS, 0, p, 33, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv refused .*16-byte aligned"):
         kernels.gemv(p, mk.GGMLType.Q4_0, p + 4, 0, EPS, 0, p, 32, 4, h)
+    with pytest.raises(ValueError, match=r"launch_gemv refused .*Q4_K"):
+        kernels.gemv(p, mk.GGMLType.Q4_K, p, 0, EPS, 0, p, 896, 4, h)  # 896 is not whole super-blocks
+    q8 = mk.GGMLType.Q8_0
     with pytest.raises(ValueError, match=r"launch_gemv_qkv_rope_store refused .*n_rot"):
-        kernels.gemv_qkv_rope_store(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, p, p, p, 32, 2, 1, 64, 66, 1e4, 0, 8, h)
+        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, 2, 1, 64, 66, 1e4, 0, 8, h)

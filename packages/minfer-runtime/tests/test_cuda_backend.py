@@ -31,7 +31,7 @@ SPECS = {
     "llama": scaled("smollm2-135m", n_layers=4, context_length=1024),
     "qwen2": scaled("qwen2.5-0.5b", n_layers=4, context_length=1024),
 }
-WEIGHT_TYPES = ["F16", "Q8_0", "Q4_0", "Q4_1"]
+WEIGHT_TYPES = ["F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M"]  # Q4_K_M: Q4_K, Q6_K, Q5_0, Q8_0 (and mixed Q|K|V)
 PROMPT_TOKENS = 64
 CONTINUATION = 64
 
@@ -151,15 +151,15 @@ def test_out_of_memory_names_the_weight_and_bytes():
 
 
 def test_a_weight_type_without_kernels_is_refused_at_load(tmp_path):
-    path = tmp_path / "q5.gguf"
+    path = tmp_path / "q5_1.gguf"
     writer = GGUFWriter(str(path), "llama")
-    writer.add_tensor("w", gguf_quants.quantize(np.ones((2, 64), dtype=np.float32), GGMLQuantizationType.Q5_0),
-                      raw_dtype=GGMLQuantizationType.Q5_0)  # fmt: skip
+    writer.add_tensor("w", gguf_quants.quantize(np.ones((2, 64), dtype=np.float32), GGMLQuantizationType.Q5_1),
+                      raw_dtype=GGMLQuantizationType.Q5_1)  # fmt: skip
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(BackendError, match=r"cuda: tensor 'w' is Q5_0; the CUDA kernels read"):
+    with pytest.raises(BackendError, match=r"cuda: tensor 'w' is Q5_1; the CUDA kernels read"):
         create_backend("cuda").load_weights(GGUFFile(path), ["w"])
 
 

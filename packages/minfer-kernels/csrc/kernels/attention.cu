@@ -11,7 +11,7 @@
 // l = sum_j exp(s_j - m) and accumulator a = sum_j exp(s_j - m) v_j are rescaled by exp(m_old - m_new)
 // whenever the maximum grows, and out = a / l at the end. Two such states over disjoint sets of rows
 // merge by the same rescaling, which is what lets decode split a long cache over many blocks
-// (flash-decoding) and merge the pieces in a second kernel.
+// (flash-decoding); the last block to finish merges the pieces.
 //
 // Inside a warp, head dimension d lives in lane d % 32, slot d / 32: head_dim / 32 slots, at most 8, so
 // head_dim is a multiple of 32 and at most 256. A row of K or V is then head_dim / 32 coalesced 128-byte
@@ -32,8 +32,8 @@ namespace {
 constexpr int MAX_SLOTS = 8;
 constexpr int MAX_HEAD_DIM = MAX_SLOTS * WARP_SIZE;  // 256
 constexpr int STORE_THREADS = 256;
-constexpr int DECODE_WARPS = 4;    // warps sharing one split of the cache
-constexpr int COMBINE_THREADS = 128;
+constexpr int DECODE_MAX_GROUP = 16;   // query heads per KV head that decode serves (a warp each)
+constexpr int DECODE_SPLIT_ROWS = 32;  // the fewest cache rows a decode split takes: one per lane
 constexpr int MAX_SPLITS = 256;
 constexpr int PREFILL_THREADS = 128;
 constexpr int PREFILL_LANES_PER_QUERY = 8;  // lanes sharing one query: each holds head_dim / 8 dimensions
@@ -55,134 +55,180 @@ __global__ void kv_store_f32(const float* __restrict__ k, const float* __restric
     v_cache[to] = v[from];
 }
 
-// One warp's softmax state over the rows it has read so far; acc holds this lane's slots.
-struct OnlineSoftmax {
-    float max_score = -INFINITY;
-    float denominator = 0.0f;
-    float acc[MAX_SLOTS] = {};
-};
-
-// This lane's slots of the query row, multiplied by the score scale once here rather than per row.
-__device__ __forceinline__ void load_query(const float* q_head, int n_slots, float scale, float (&q_slots)[MAX_SLOTS]) {
-    const int lane = threadIdx.x % WARP_SIZE;
+__device__ __forceinline__ float warp_max(float value) {
 #pragma unroll
-    for (int s = 0; s < MAX_SLOTS; ++s) q_slots[s] = s < n_slots ? q_head[s * WARP_SIZE + lane] * scale : 0.0f;
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(FULL_WARP, value, offset));
+    return value;
 }
 
-// One warp folds cache rows first, first + step, ... (below end) into `state`. k_head and v_head point
-// at the KV head's first dimension in row 0; rows are kv_dim floats apart. The loop bounds are the same
-// for every lane, so the warp stays converged for warp_sum.
-__device__ __forceinline__ void attend_rows(OnlineSoftmax& state, const float (&q_slots)[MAX_SLOTS], const float* k_head,
-                                            const float* v_head, int kv_dim, int n_slots, int first, int end,
-                                            int step) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    for (int row = first; row < end; row += step) {
-        const float* k = k_head + std::size_t(row) * kv_dim;
-        const float* v = v_head + std::size_t(row) * kv_dim;
-        float dot = 0.0f;
-#pragma unroll
-        for (int s = 0; s < MAX_SLOTS; ++s)
-            if (s < n_slots) dot += q_slots[s] * k[s * WARP_SIZE + lane];
-        const float score = warp_sum(dot);
-        const float new_max = fmaxf(state.max_score, score);
-        const float rescale = expf(state.max_score - new_max);  // exp(-inf) = 0 on the first row
-        const float weight = expf(score - new_max);
-        state.denominator = state.denominator * rescale + weight;
-#pragma unroll
-        for (int s = 0; s < MAX_SLOTS; ++s)
-            if (s < n_slots) state.acc[s] = state.acc[s] * rescale + weight * v[s * WARP_SIZE + lane];
-        state.max_score = new_max;
-    }
-}
+// The decode workspace: one counter per KV head (the splits of that head that are done), then the
+// partial states partials[head][split] = {max, denominator, acc[head_dim]}.
+std::size_t decode_counter_bytes(int n_heads) { return (std::size_t(n_heads) * sizeof(int) + 15) / 16 * 16; }
 
-// The weight of a partial state with maximum `max_score` once merged under the maximum `merged_max`;
-// a state that saw no rows (maximum -inf) weighs nothing.
-__device__ __forceinline__ float merge_weight(float max_score, float merged_max) {
-    return max_score == -INFINITY ? 0.0f : expf(max_score - merged_max);
-}
-
-// Decode, step 1: the softmax state of one query head over one split of the cache rows 0 .. kv_len - 1.
-// The rows are cut into gridDim.x contiguous splits at run time (kv_len is read here, not passed), the
-// block's 4 warps interleave over its split's rows, and the warps' states merge through shared memory.
-// Writes partials[head][split] = {max, denominator, acc[head_dim]}.
-__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
-    attention_decode_split(const float* __restrict__ q, const float* __restrict__ k_cache,
-                           const float* __restrict__ v_cache, float* __restrict__ partials,
-                           const int* __restrict__ kv_len_ptr, int group_size, int head_dim, int kv_dim, int n_ctx,
-                           float scale) {
+// Decode: one query token. Block (split, kv_head) holds the group_size query heads that share KV head
+// kv_head, one warp each, over one split of the cache rows 0 .. kv_len - 1 (kv_len is read here, so a
+// captured graph serves every step). A split is at least 32 rows, so a short cache is one split and one
+// block per KV head; a long one is cut into gridDim.x splits.
+//
+// A warp walks its split 32 rows at a time: lane r scores row r (the whole q.k over head_dim, reading the
+// row's K with float4 loads against q in shared memory), the warp takes the batch's maximum and the
+// weights exp2(score - max), then every lane adds the 32 weighted V rows for its dimensions (lane l holds
+// dimension l, l + 32, ...). All 32 rows' loads of a batch are independent, so they are in flight
+// together; the warps of a block read the same K and V rows, which the first one brings into L1.
+//
+// With one split the block writes the output. With several, each writes its partial state; the last
+// block of a KV head to finish (a counter in the workspace, reset by that block for the next launch)
+// merges them: the workspace must start zeroed, as every DeviceBuffer does.
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(DECODE_MAX_GROUP * WARP_SIZE)
+    attention_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                     float* __restrict__ out, const int* __restrict__ kv_len_ptr, int* __restrict__ counters,
+                     float* __restrict__ partials, int kv_dim, int n_ctx, float score_scale) {
+    constexpr int head_dim = HEAD_DIM;
+    constexpr int n_slots = HEAD_DIM / WARP_SIZE;  // dimensions per lane
+    // Loads a lane keeps in flight (~64 registers): K in float4 chunks of its row (a whole 64-wide row),
+    // V in rows of its dimensions (all 32 rows of a batch at head_dim 64); the merge likewise in splits.
+    constexpr int K_LOADS = HEAD_DIM / 4 < 16 ? HEAD_DIM / 4 : 16;
+    constexpr int V_ROWS = 64 / n_slots < 4 ? 4 : (64 / n_slots > 32 ? 32 : 64 / n_slots);
     const int split = blockIdx.x;
     const int n_splits = gridDim.x;
-    const int head = blockIdx.y;
+    const int kv_head = blockIdx.y;
+    const int group_size = blockDim.x / WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    const int n_slots = head_dim / WARP_SIZE;
+    const int head = kv_head * group_size + warp;
 
+    // The host writes kv_len before the step; no kernel does, so it may be read before the wait.
     const int kv_len = *kv_len_ptr;
     if (kv_len < 1 || kv_len > n_ctx) __trap();
-    const int rows_per_split = ceil_div(kv_len, n_splits);
+    const int rows_per_split = max(DECODE_SPLIT_ROWS, ceil_div(kv_len, n_splits));
+    const int n_active = ceil_div(kv_len, rows_per_split);
+    if (split >= n_active) return;  // a short cache leaves most splits empty
     const int first = split * rows_per_split;
-    const int end = min(kv_len, first + rows_per_split);  // first >= end: an empty split (short caches)
+    const int end = min(kv_len, first + rows_per_split);
+    const std::size_t head_offset = std::size_t(kv_head) * head_dim;
 
-    float q_slots[MAX_SLOTS];
-    load_query(q + std::size_t(head) * head_dim, n_slots, scale, q_slots);
-    const int kv_offset = (head / group_size) * head_dim;
-    OnlineSoftmax state;
-    attend_rows(state, q_slots, k_cache + kv_offset, v_cache + kv_offset, kv_dim, n_slots, first + warp, end,
-                DECODE_WARPS);
-
-    __shared__ float warp_max[DECODE_WARPS];
-    __shared__ float warp_denominator[DECODE_WARPS];
-    __shared__ float warp_acc[DECODE_WARPS][MAX_HEAD_DIM];
-    if (lane == 0) {
-        warp_max[warp] = state.max_score;
-        warp_denominator[warp] = state.denominator;
+    // The cache rows before the newest do not depend on the previous kernel: fetch them into L2 meanwhile.
+    constexpr int lines_per_row = HEAD_DIM * int(sizeof(float)) / 128;
+    for (int i = threadIdx.x; i < (end - first) * lines_per_row; i += blockDim.x) {
+        const std::size_t at = std::size_t(first + i / lines_per_row) * kv_dim + head_offset + (i % lines_per_row) * 32;
+        prefetch_l2(k_cache + at);
+        prefetch_l2(v_cache + at);
     }
+    wait_for_previous_kernel();
+    allow_next_kernel();
+
+    __shared__ __align__(16) float q_scaled[DECODE_MAX_GROUP][MAX_HEAD_DIM];
+    for (int d = lane; d < head_dim; d += WARP_SIZE) q_scaled[warp][d] = q[std::size_t(head) * head_dim + d] * score_scale;
+    __syncwarp();
+    const float4* q4 = reinterpret_cast<const float4*>(q_scaled[warp]);
+
+    float max_score = -INFINITY, denominator = 0.0f, acc[n_slots] = {};
+    for (int base = first; base < end; base += WARP_SIZE) {
+        // Lanes past the end score a valid row (the last) and then drop it: no lane reads outside the split.
+        const float4* k = reinterpret_cast<const float4*>(k_cache + std::size_t(min(base + lane, end - 1)) * kv_dim +
+                                                          head_offset);
+        float score = 0.0f;
+        // Loads first, products after, K_LOADS float4 at a time: the loads of a batch are in flight together.
 #pragma unroll
-    for (int s = 0; s < MAX_SLOTS; ++s)
-        if (s < n_slots) warp_acc[warp][s * WARP_SIZE + lane] = state.acc[s];
-    __syncthreads();
-
-    float block_max = -INFINITY;
-    for (int w = 0; w < DECODE_WARPS; ++w) block_max = fmaxf(block_max, warp_max[w]);
-    float weights[DECODE_WARPS];
-    for (int w = 0; w < DECODE_WARPS; ++w) weights[w] = merge_weight(warp_max[w], block_max);
-
-    float* partial = partials + (std::size_t(head) * n_splits + split) * (head_dim + 2);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int w = 0; w < DECODE_WARPS; ++w) acc += weights[w] * warp_acc[w][d];
-        partial[2 + d] = acc;
+        for (int c0 = 0; c0 < HEAD_DIM / 4; c0 += K_LOADS) {
+            float4 kc[K_LOADS];
+#pragma unroll
+            for (int c = 0; c < K_LOADS; ++c) kc[c] = k[c0 + c];
+#pragma unroll
+            for (int c = 0; c < K_LOADS; ++c) {
+                const float4 qc = q4[c0 + c];
+                score += (kc[c].x * qc.x + kc[c].y * qc.y) + (kc[c].z * qc.z + kc[c].w * qc.w);
+            }
+        }
+        if (base + lane >= end) score = -INFINITY;
+        const float new_max = fmaxf(max_score, warp_max(score));  // finite: lane 0's row is always in the split
+        const float weight = exp2f(score - new_max);               // 0 for the dropped rows
+        const float rescale = exp2f(max_score - new_max);          // 0 on the first batch (max_score = -inf)
+        denominator = denominator * rescale + warp_sum(weight);
+#pragma unroll
+        for (int s = 0; s < n_slots; ++s) acc[s] *= rescale;
+#pragma unroll
+        for (int r0 = 0; r0 < WARP_SIZE; r0 += V_ROWS) {
+            float v[V_ROWS][n_slots];
+#pragma unroll
+            for (int r = 0; r < V_ROWS; ++r) {
+                const float* row = v_cache + std::size_t(min(base + r0 + r, end - 1)) * kv_dim + head_offset;
+#pragma unroll
+                for (int s = 0; s < n_slots; ++s) v[r][s] = row[s * WARP_SIZE + lane];
+            }
+#pragma unroll
+            for (int r = 0; r < V_ROWS; ++r) {
+                const float w = __shfl_sync(FULL_WARP, weight, r0 + r);
+#pragma unroll
+                for (int s = 0; s < n_slots; ++s) acc[s] += w * v[r][s];
+            }
+        }
+        max_score = new_max;
     }
-    if (threadIdx.x == 0) {
-        float denominator = 0.0f;
-        for (int w = 0; w < DECODE_WARPS; ++w) denominator += weights[w] * warp_denominator[w];
-        partial[0] = block_max;
+
+    float* head_out = out + std::size_t(head) * head_dim;
+    if (n_active == 1) {
+        const float inverse = 1.0f / denominator;
+#pragma unroll
+        for (int s = 0; s < n_slots; ++s) head_out[s * WARP_SIZE + lane] = acc[s] * inverse;
+        return;
+    }
+
+    const int stride = head_dim + 2;
+    float* head_partials = partials + std::size_t(head) * n_splits * stride;
+    float* partial = head_partials + std::size_t(split) * stride;
+#pragma unroll
+    for (int s = 0; s < n_slots; ++s) partial[2 + s * WARP_SIZE + lane] = acc[s];
+    if (lane == 0) {
+        partial[0] = max_score;
         partial[1] = denominator;
     }
-}
 
-// Decode, step 2: merge one head's split states into its output row.
-__global__ void __launch_bounds__(COMBINE_THREADS)
-    attention_decode_combine(const float* __restrict__ partials, float* __restrict__ out, int n_splits,
-                             int head_dim) {
-    const int head = blockIdx.x;
-    const int stride = head_dim + 2;
-    const float* head_partials = partials + std::size_t(head) * n_splits * stride;
-
-    float merged_max = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) merged_max = fmaxf(merged_max, head_partials[s * stride]);
-    __shared__ float split_weight[MAX_SPLITS];
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
-        split_weight[s] = merge_weight(head_partials[s * stride], merged_max);
+    // Publish the partials, then count this split done; the block that completes the count merges.
+    __shared__ bool merges;
+    __threadfence();
     __syncthreads();
-
-    float denominator = 0.0f;
-    for (int s = 0; s < n_splits; ++s) denominator += split_weight[s] * head_partials[s * stride + 1];
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float numerator = 0.0f;
-        for (int s = 0; s < n_splits; ++s) numerator += split_weight[s] * head_partials[s * stride + 2 + d];
-        out[std::size_t(head) * head_dim + d] = numerator / denominator;
+    if (threadIdx.x == 0) {
+        merges = atomicAdd(&counters[kv_head], 1) == n_active - 1;
+        if (merges) atomicExch(&counters[kv_head], 0);  // ready for the next launch
     }
+    __syncthreads();
+    if (!merges) return;
+    __threadfence();
+
+    // __ldcg reads through L2, where the other blocks' partials are (never a stale line of this SM's L1).
+    __shared__ float split_weight[DECODE_MAX_GROUP][MAX_SPLITS];
+    float merged_max = -INFINITY;
+    for (int s = lane; s < n_active; s += WARP_SIZE) merged_max = fmaxf(merged_max, __ldcg(head_partials + s * stride));
+    merged_max = warp_max(merged_max);
+    float merged_denominator = 0.0f;
+    for (int s = lane; s < n_active; s += WARP_SIZE) {
+        const float w = exp2f(__ldcg(head_partials + s * stride) - merged_max);
+        split_weight[warp][s] = w;
+        merged_denominator += w * __ldcg(head_partials + s * stride + 1);
+    }
+    merged_denominator = warp_sum(merged_denominator);
+    __syncwarp();
+    float merged[n_slots] = {};
+    for (int first_split = 0; first_split < n_active; first_split += V_ROWS) {
+        float pieces[V_ROWS][n_slots];
+#pragma unroll
+        for (int i = 0; i < V_ROWS; ++i) {
+            const float* piece = head_partials + std::size_t(min(first_split + i, n_active - 1)) * stride + 2;
+#pragma unroll
+            for (int s = 0; s < n_slots; ++s) pieces[i][s] = __ldcg(piece + s * WARP_SIZE + lane);
+        }
+#pragma unroll
+        for (int i = 0; i < V_ROWS; ++i) {
+            const float w = first_split + i < n_active ? split_weight[warp][first_split + i] : 0.0f;
+#pragma unroll
+            for (int s = 0; s < n_slots; ++s) merged[s] += w * pieces[i][s];
+        }
+    }
+    const float inverse = 1.0f / merged_denominator;
+#pragma unroll
+    for (int s = 0; s < n_slots; ++s) head_out[s * WARP_SIZE + lane] = merged[s] * inverse;
 }
 
 // Prefill: a block takes 16 consecutive queries of one head and walks the cache rows they can see in
@@ -353,7 +399,7 @@ extern "C" cudaError_t launch_kv_store_f32(const float* k, const float* v, float
 }
 
 extern "C" std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_splits) {
-    return std::size_t(n_heads) * n_splits * (head_dim + 2) * sizeof(float);
+    return decode_counter_bytes(n_heads) + std::size_t(n_heads) * n_splits * (head_dim + 2) * sizeof(float);
 }
 
 extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache,
@@ -362,16 +408,33 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
                                                    cudaStream_t stream) {
     if (const cudaError_t refused = check_heads(n_heads, n_kv_heads, head_dim); refused != cudaSuccess) return refused;
     if (n_splits < 1 || n_splits > MAX_SPLITS) return minfer_refuse("n_splits must be between 1 and 256");
-    const float scale = 1.0f / std::sqrt(float(head_dim));
-    // grid.x: the split of the cache rows (fixed here, so a captured graph is valid for every kv_len);
-    // grid.y: the query head. 4 warps per block interleave over the split's rows.
-    const dim3 split_grid(n_splits, n_heads);
-    attention_decode_split<<<split_grid, DECODE_WARPS * WARP_SIZE, 0, stream>>>(
-        q, k_cache, v_cache, workspace, kv_len, n_heads / n_kv_heads, head_dim, n_kv_heads * head_dim, n_ctx, scale);
-    if (const cudaError_t launched = cudaGetLastError(); launched != cudaSuccess) return launched;
-    // grid.x: the query head; 128 threads stride over its head_dim outputs.
-    attention_decode_combine<<<n_heads, COMBINE_THREADS, 0, stream>>>(workspace, out, n_splits, head_dim);
-    return cudaGetLastError();
+    if (n_heads / n_kv_heads > DECODE_MAX_GROUP) return minfer_refuse("n_heads / n_kv_heads must be at most 16");
+    if (!is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(workspace, 16))
+        return minfer_refuse("k_cache, v_cache and workspace must be 16-byte aligned (float4 loads)");
+    constexpr float LOG2_E = 1.4426950408889634f;
+    const float score_scale = LOG2_E / std::sqrt(float(head_dim));  // scores in log2 units: exp2f weights
+    int* counters = reinterpret_cast<int*>(workspace);
+    float* partials = reinterpret_cast<float*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
+    // grid.x: the split of the cache rows (fixed here, so a captured graph is valid for every kv_len; the
+    // splits a short cache does not need return at once); grid.y: the KV head. Block: one warp per query
+    // head of that KV head.
+    const dim3 grid(n_splits, n_kv_heads);
+    const dim3 block(n_heads / n_kv_heads * WARP_SIZE);
+    const int kv_dim = n_kv_heads * head_dim;
+    // One kernel per head size, so a lane's dimensions and a row's float4 loads are compile-time counts.
+    decltype(&attention_decode<32>) kernel = nullptr;
+    switch (head_dim) {
+        case 32: kernel = attention_decode<32>; break;
+        case 64: kernel = attention_decode<64>; break;
+        case 96: kernel = attention_decode<96>; break;
+        case 128: kernel = attention_decode<128>; break;
+        case 160: kernel = attention_decode<160>; break;
+        case 192: kernel = attention_decode<192>; break;
+        case 224: kernel = attention_decode<224>; break;
+        default: kernel = attention_decode<256>; break;
+    }
+    return launch_overlapped(kernel, grid, block, 0, stream, q, k_cache, v_cache, out, kv_len, counters, partials,
+                             kv_dim, n_ctx, score_scale);
 }
 
 extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache,

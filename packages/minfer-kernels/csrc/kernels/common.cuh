@@ -51,6 +51,57 @@ __device__ __forceinline__ float block_sum(float value) {
 // SiLU, the activation of the gated FFN: v / (1 + exp(-v)), the formula of the CPU reference.
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
+// Programmatic dependent launch (Hopper, sm_90+). A decode step is ~150 short kernels in a row, and
+// between two of them the GPU drains one grid before it starts the next: a few microseconds each, a
+// large part of a step. A kernel launched with launch_overlapped may start while the kernel before it
+// on the stream is still running; it does what does not depend on that kernel (address arithmetic,
+// prefetching weights into L2), then calls wait_for_previous_kernel(), which returns once the previous
+// grid has finished and its writes are visible. So a kernel launched that way must call it before it
+// reads anything an earlier kernel wrote and before it writes anything an earlier kernel may read.
+// allow_next_kernel() lets the next overlapped kernel start launching; called right after the wait, at
+// most two kernels are ever resident together. Older GPUs run both as no-ops, and launch_overlapped
+// launches them plainly.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Hint: bring the 128-byte line holding `address` into L2 (weights, before wait_for_previous_kernel).
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
+// Whether launch_overlapped asks for programmatic dependent launch on the current device: compute
+// capability 9.0 or newer, and MINFER_NO_PDL unset or "0" (to measure what it is worth). Defined in
+// csrc/runtime.cpp.
+extern "C" bool minfer_programmatic_launch();
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the previous kernel on the
+// stream (see wait_for_previous_kernel). Returns cudaGetLastError(), as every launcher does.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                              cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = minfer_programmatic_launch() ? 1 : 0;
+    const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
+    return launched != cudaSuccess ? launched : cudaGetLastError();
+}
+
 inline bool is_aligned(const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }

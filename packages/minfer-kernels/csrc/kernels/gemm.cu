@@ -7,13 +7,14 @@
 // do f16 products with float32 sums an order of magnitude faster, so both operands go through f16:
 //
 //   - W, in its GGUF bytes (ggml_formats.cuh), is decoded to f16 on its way into shared memory:
-//     f16(d * q), one rounding of the exact float32 weight (relative error <= 2^-11);
+//     f16(d * q), one rounding of the float32 weight gguf.quants decodes (relative error <= 2^-11);
 //   - x, float32, is rounded to f16 on its way into shared memory (relative error <= 2^-11, and f16's
 //     range: |x| beyond 65504 becomes infinite, which then shows in y rather than being hidden);
 //   - the tensor cores multiply the f16 tiles and accumulate in float32 registers.
 //
 // Work split. The block computes a BM x BN tile of y (BM tokens by BN output features), walking K in
-// steps of 32 (one quantized block per weight row per step). Each step, the block's threads
+// steps of 32 (one quantized block per weight row per step; for the K-quants, the 32-value slice of a
+// 256-value super-block: one Q4_K sub-block, two Q6_K sub-blocks). Each step, the block's threads
 //   1. load the next step's 32 columns of x and of W from global memory into registers (raw bytes),
 //   2. multiply the current step's tiles, already in shared memory, on the tensor cores,
 //   3. decode the registers to f16 and store them into the other shared-memory buffer,
@@ -33,7 +34,7 @@
 namespace minfer {
 namespace {
 
-constexpr int K_STEP = QK;              // columns of K per step: one quantized block of every weight row
+constexpr int K_STEP = QK;              // columns of K per step: one 32-value block of every weight row
 constexpr int TILE_PAD = 8;             // f16 padding per shared-memory row: keeps ldmatrix free of bank conflicts
 constexpr int TILE_STRIDE = K_STEP + TILE_PAD;  // f16 per shared-memory row (80 bytes: 16-byte aligned rows)
 constexpr int X_VECTORS_PER_ROW = K_STEP / 4;   // float4 loads covering one token's 32 values of x
@@ -65,18 +66,27 @@ using LargeTiles = TileShape<128, 128, 2, 4, 2>;
 // 64 x 64, 4 warps of 32 x 32: four times as many blocks, for narrow products (N = 896) and few tokens.
 using SmallTiles = TileShape<64, 64, 2, 2, 4>;
 
-// ---- Weight formats: 16 weights of one row (half a quantized block) decoded to f16 ------------------------
+// ---- Weight formats: 16 weights of one row (half a step's 32 columns) decoded to f16 ----------------------
 //
-// A thread loads its part of a block into registers (`Raw`, step 1 above) and decodes it later (step 3)
-// into 8 words of f16 pairs: two runs of 8 consecutive weights (words 0-3, 4-7), each one 16-byte store
-// into shared memory. Run r of part p starts at column p * PART_STRIDE + r * RUN_STRIDE of the step. The
-// quantized formats keep value j in the low nibble (or byte) j and value j + 16 in the high nibble of byte
-// j (or byte j + 16), so their part p is bytes 8p .. 8p + 7: columns 8p .. 8p + 7 and 16 + 8p .. 16 + 8p + 7.
-// The float formats' part p is simply columns 16p .. 16p + 15.
+// A thread loads its part of a step's block into registers (`Raw`, step 1 above) and decodes it later
+// (step 3) into 8 words of f16 pairs: two runs of 8 consecutive weights (words 0-3, 4-7), each one 16-byte
+// store into shared memory. Run r of part p starts at column p * PART_STRIDE + r * RUN_STRIDE of the step.
+// Q4_0, Q4_1, Q5_0 and Q8_0 keep value j in the low nibble (or byte) j and value j + 16 in the high nibble
+// of byte j (or byte j + 16), so their part p is bytes 8p .. 8p + 7: columns 8p .. 8p + 7 and
+// 16 + 8p .. 16 + 8p + 7. The float formats' and the K-quants' part p is simply columns 16p .. 16p + 15
+// (a K-quant keeps a step's 32 values in 32 consecutive bytes, one nibble or two bits of each).
+//
+// Each format's `load` takes the row, the step (its 32-value block of the row) and the part. It picks
+// addresses and loads (joining two-byte words at most); all other work on the loaded bytes (unpacking
+// Q4_K's 6-bit scales, choosing Q6_K's bits) waits for them, so it is left to `decode`, after the step's
+// products.
 //
 // f16 bit tricks: the f16 with bits 0x6400 | n is 1024 + n exactly for n < 1024, so a byte or nibble moved
 // into the low bits of 0x6400 becomes a float without a conversion instruction; subtracting 1024 (plus the
-// format's zero point) is exact, and one multiplication by the scale rounds once.
+// format's zero point) is exact, and one multiplication by the scale rounds once. The K-quants' weights are
+// products of two scales and q (d * scale * q - dmin * min), which f16 arithmetic would round more than
+// once: they are computed in float32 as gguf.quants does (the same float32 value), then rounded to f16
+// once. The float32 twin of the trick: the float with bits 0x4B000000 | n is 2^23 + n exactly (n < 2^23).
 
 __device__ __forceinline__ __half2 bits_to_half2(std::uint32_t bits) { return *reinterpret_cast<__half2*>(&bits); }
 
@@ -120,6 +130,42 @@ struct Q4_0Tile {
             const __half2 high_q = bits_to_half2(((spread >> 4) & LOW_NIBBLES) | F16_1024_PAIR);
             words[k] = half2_to_bits(__hmul2(__hsub2(low_q, offset), scale));
             words[4 + k] = half2_to_bits(__hmul2(__hsub2(high_q, offset), scale));
+        }
+    }
+};
+
+// The fifth bits of a Q5_0 pair built as spread_byte_pair builds it: bits 2k and 2k + 1 of `bits` moved to
+// bits 4 and 20, above the two nibbles.
+__device__ __forceinline__ std::uint32_t fifth_bit_pair(std::uint32_t bits, int k) {
+    return ((bits >> (2 * k)) & 1) << 4 | ((bits >> (2 * k + 1)) & 1) << 20;
+}
+
+struct Q5_0Tile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint16_t scale;
+        std::uint8_t fifth_bits[2];  // bytes p and 2 + p of qh: the fifth bits of values 8p .. and 16 + 8p ..
+        std::uint32_t bytes[2];      // bytes 8p .. 8p + 7 of the nibbles
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 22-byte blocks: only 2-byte loads are aligned.
+        const BlockQ5_0& b = reinterpret_cast<const BlockQ5_0*>(row)[block];
+        const std::uint16_t* words = reinterpret_cast<const std::uint16_t*>(b.qs) + 4 * part;
+        return {*reinterpret_cast<const std::uint16_t*>(&b.d),
+                {b.qh[part], b.qh[2 + part]},
+                {join_words(words), join_words(words + 2)}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const __half2 scale = __half2half2(__ushort_as_half(raw.scale));
+        const __half2 offset = __float2half2_rn(1024.0f + 16.0f);  // the f16 trick's 1024 and Q5_0's zero point 16
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const std::uint32_t spread = spread_byte_pair(raw.bytes[k / 2], k % 2);
+            const std::uint32_t low = (spread & LOW_NIBBLES) | fifth_bit_pair(raw.fifth_bits[0], k);
+            const std::uint32_t high = ((spread >> 4) & LOW_NIBBLES) | fifth_bit_pair(raw.fifth_bits[1], k);
+            words[k] = half2_to_bits(__hmul2(__hsub2(bits_to_half2(low | F16_1024_PAIR), offset), scale));
+            words[4 + k] = half2_to_bits(__hmul2(__hsub2(bits_to_half2(high | F16_1024_PAIR), offset), scale));
         }
     }
 };
@@ -175,6 +221,93 @@ struct Q8_0Tile {
         for (int k = 0; k < 8; ++k) {
             const std::uint32_t spread = spread_byte_pair(raw.bytes[k / 2], k % 2) ^ 0x00800080;
             words[k] = half2_to_bits(__hmul2(__hsub2(bits_to_half2(spread | F16_1024_PAIR), offset), scale));
+        }
+    }
+};
+
+// n < 2^23 as a float, through the float32 bit trick; minus `zero_point` (exact for small integers).
+__device__ __forceinline__ float small_uint_to_float(std::uint32_t n, float zero_point) {
+    return __uint_as_float(0x4B000000u | n) - (8388608.0f + zero_point);
+}
+
+// Step s of a Q4_K row is sub-block s % 8 of super-block s / 8: 32 nibbles of qs, one scale and one min.
+struct Q4_KTile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        std::uint32_t d_and_dmin;
+        std::uint8_t scale_bytes[3];  // scales[j], scales[j + 4], scales[j + 8], j = sub_block % 4
+        std::uint8_t sub_block;
+        std::uint32_t bytes[4];  // bytes 16p .. 16p + 15 of the sub-block's 32 bytes of qs
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 144-byte blocks keep the row's 4-byte alignment (the launcher checked the base).
+        const BlockQ4_K& b = reinterpret_cast<const BlockQ4_K*>(row)[block / 8];
+        const int sub_block = block % 8;
+        const int j = sub_block % 4;
+        // Sub-blocks 2g and 2g + 1 share bytes 32g .. 32g + 31 of qs: the low nibbles, then the high.
+        const std::uint32_t* q = reinterpret_cast<const std::uint32_t*>(b.qs + 32 * (sub_block / 2) + 16 * part);
+        return {*reinterpret_cast<const std::uint32_t*>(&b.d),
+                {b.scales[j], b.scales[j + 4], b.scales[j + 8]},
+                static_cast<std::uint8_t>(sub_block),
+                {q[0], q[1], q[2], q[3]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        int sub_scale, sub_min;
+        q4_k_scale_min(raw.scale_bytes[0], raw.scale_bytes[1], raw.scale_bytes[2], raw.sub_block >= 4, sub_scale,
+                       sub_min);
+        const float2 d_and_dmin = __half22float2(bits_to_half2(raw.d_and_dmin));
+        // Both products are exact (11 x 6 significant bits), and so is scale * q (4 more): fmaf rounds
+        // scale * q - minimum once, to the float32 gguf.quants computes.
+        const float scale = d_and_dmin.x * float(sub_scale);
+        const float minimum = d_and_dmin.y * float(sub_min);
+        const int shift = 4 * (raw.sub_block % 2);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const std::uint32_t pair = (spread_byte_pair(raw.bytes[n / 2], n % 2) >> shift) & LOW_NIBBLES;
+            words[n] = half2_to_bits(__floats2half2_rn(fmaf(scale, small_uint_to_float(pair & 0xFFFF, 0.0f), -minimum),
+                                                       fmaf(scale, small_uint_to_float(pair >> 16, 0.0f), -minimum)));
+        }
+    }
+};
+
+// Step s of a Q6_K row is group s % 4 of half (s / 4) % 2 of super-block s / 8 (the layout at BlockQ6_K):
+// 32 low nibbles of ql, 32 bit pairs of qh, and two scales, one per part.
+struct Q6_KTile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        std::uint16_t d;
+        std::int8_t sub_scale;  // the scale of the part's 16 values
+        std::uint8_t group;     // s % 4: which nibble of ql and which bit pair of qh hold the values
+        std::uint32_t low[4];   // the 16 bytes of ql with the part's low four bits
+        std::uint32_t high[4];  // the 16 bytes of qh with its top two bits
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 210-byte blocks: only 2-byte loads are aligned.
+        const BlockQ6_K& b = reinterpret_cast<const BlockQ6_K*>(row)[block / 8];
+        const int h = block % 8 / 4;
+        const int group = block % 4;
+        const std::uint16_t* low = reinterpret_cast<const std::uint16_t*>(b.ql + 64 * h + 32 * (group % 2) + 16 * part);
+        const std::uint16_t* high = reinterpret_cast<const std::uint16_t*>(b.qh + 32 * h + 16 * part);
+        return {*reinterpret_cast<const std::uint16_t*>(&b.d),
+                b.scales[8 * h + 2 * group + part],
+                static_cast<std::uint8_t>(group),
+                {join_words(low), join_words(low + 2), join_words(low + 4), join_words(low + 6)},
+                {join_words(high), join_words(high + 2), join_words(high + 4), join_words(high + 6)}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        // d * scale is exact (11 x 8 significant bits); times q - 32 it rounds as gguf.quants rounds it.
+        const float scale = __half2float(__ushort_as_half(raw.d)) * float(raw.sub_scale);
+        const int low_shift = 4 * (raw.group / 2);
+        const int high_shift = 2 * raw.group;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const std::uint32_t low = (spread_byte_pair(raw.low[n / 2], n % 2) >> low_shift) & LOW_NIBBLES;
+            const std::uint32_t high = (spread_byte_pair(raw.high[n / 2], n % 2) >> high_shift) & 0x00030003;
+            const std::uint32_t q = low | (high << 4);  // two 6-bit values, in bits 0-5 and 16-21
+            words[n] = half2_to_bits(__floats2half2_rn(scale * small_uint_to_float(q & 0xFFFF, 32.0f),
+                                                       scale * small_uint_to_float(q >> 16, 32.0f)));
         }
     }
 };
@@ -469,7 +602,9 @@ extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x,
                                    int out_features, int n_tokens, cudaStream_t stream) {
     const long long bytes = row_bytes(type, in_features);
     if (bytes < 0 || in_features % K_STEP != 0)
-        return minfer_refuse("type must be F32, F16, Q4_0, Q4_1 or Q8_0, and in_features a multiple of 32");
+        return minfer_refuse(
+            "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a multiple of 32 (of 256 "
+            "for Q4_K/Q6_K)");
     if (in_features <= 0 || out_features <= 0 || n_tokens <= 0)
         return minfer_refuse("in_features, out_features and n_tokens must be positive");
     if (!is_aligned(x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
@@ -488,6 +623,10 @@ extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x,
         case GGML_F16: return launch_format<F16Tile>(product, multiprocessors, stream);
         case GGML_Q4_0: return launch_format<Q4_0Tile>(product, multiprocessors, stream);
         case GGML_Q4_1: return launch_format<Q4_1Tile>(product, multiprocessors, stream);
-        default: return launch_format<Q8_0Tile>(product, multiprocessors, stream);
+        case GGML_Q5_0: return launch_format<Q5_0Tile>(product, multiprocessors, stream);
+        case GGML_Q8_0: return launch_format<Q8_0Tile>(product, multiprocessors, stream);
+        case GGML_Q4_K: return launch_format<Q4_KTile>(product, multiprocessors, stream);
+        case GGML_Q6_K: return launch_format<Q6_KTile>(product, multiprocessors, stream);
+        default: return minfer_refuse("no GEMM kernel for this GGML type");
     }
 }

@@ -1,34 +1,47 @@
 // Matrix-vector products for one token (decode), with the work around them fused in:
 //
 //     y = W norm(x)      norm: RMSNorm with its weight, or nothing
-//     then one epilogue: store y (plus a residual), SwiGLU of a gate|up pair, or bias + RoPE + KV-cache store
+//     then one epilogue: store y (plus a residual), SwiGLU of a gate/up pair, or bias + RoPE + KV-cache store
 //
 // W is read in its GGUF byte layout (ggml_formats.cuh), as in matmul.cu. At one token every weight is
 // used exactly once, so the kernel's job is to stream W at memory bandwidth; and because a decode step is
-// ~100 such launches, folding the small ops around a GEMV into it (the norm before, the add, activation,
+// ~150 such launches, folding the small ops around a GEMV into it (the norm before, the add, activation,
 // rotation and store after) removes whole launches from every layer.
 //
-// Work split. A block computes ROWS rows of W; the epilogue decides which rows they are (consecutive
-// rows, a gate row and its up row, the two dimensions of a RoPE pair). The block's warps split the row
-// length: the row is cut into steps of 256 values and warp w takes steps w, w + n_warps, ... In one step
-// lane l takes 8 values of each of the block's rows. It loads the 8 matching activations once and uses
-// them for all ROWS rows, and the 32 lanes of a warp cover 256 consecutive values, so the warp's loads of
-// one row are one contiguous stretch (8 quantized blocks, 144 bytes of Q4_0): coalesced. A step's loads
-// for all ROWS rows are independent, so they are all in flight before the first one is used.
+// Work split. The rows of W are cut into groups of ROWS rows (the epilogue says which rows: consecutive
+// ones, a gate row and its up row, the two dimensions of a RoPE pair). A group belongs to one warp, or for
+// long rows to a few warps of one block that split the row and add up through shared memory. A row is
+// walked in steps of 256 values; in a step lane l takes a chunk of 8 values of each of the group's rows
+// (where the 8 sit depends on the format: two runs of 4, see each format's activation_offset), loads the 8
+// matching activations once and uses them for all ROWS rows. The 32 lanes of a warp cover one step of a
+// row: one contiguous stretch of its bytes, so the loads are coalesced. A lane loads the weights of up to
+// 4 steps before it uses any (`Raw`, batch), so a warp has its whole short row in flight at once: a GEMV
+// over 896-value rows costs one memory round trip, not four.
 //
-// Decoding without integer-to-float conversions (a quarter-rate instruction): a 4-bit or 8-bit value is
+// The norm costs no extra pass. RMSNorm scales x by one number, inv_rms = 1 / sqrt(mean(x^2) + eps), so
+//     W (x * inv_rms * g) = inv_rms * (W (x * g)):
+// the lanes multiply by x * g, add up x^2 on the way (they read every value of x exactly once per group),
+// and the group scales its sums by inv_rms at the end. No block-wide reduction before the product.
+//
+// Formats are picked at run time per group (a switch over the type, uniform across the group), so one
+// launch can read parts of different types: the Q4_K_M mix stores attn_q and attn_k in one type and
+// attn_v in another, and the fused QKV projection still is one kernel.
+//
+// Decoding without integer-to-float conversions (a quarter-rate instruction): a 4- to 8-bit value is
 // OR-ed into the low mantissa bits of the half 1024.0 (bits 0x6400), which gives the half 1024 + value
 // exactly; one half2 subtraction removes 1024 (and the format's zero point), still exactly, since every
 // number involved is an integer below 2048; the half-to-float conversion is exact and cheap. The decoded
-// weights are therefore exactly gguf.quants' values, and the float32 products and sums are as accurate
-// as matmul.cu's.
+// weights are therefore exactly gguf.quants' values, and the products and sums are float32.
 //
-// Partial sums: each lane keeps one per row, a warp shuffle reduction sums the lanes, shared memory sums
-// the warps, and thread 0 runs the epilogue with the block's ROWS sums.
+// Launches are overlapped (common.cuh: launch_overlapped): before waiting for the previous kernel, a
+// group prefetches its rows of W into L2 (weights do not depend on it); after the wait only L2 hits and
+// x remain.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 #include "ggml_formats.cuh"
@@ -40,14 +53,20 @@ namespace {
 
 constexpr int VALUES_PER_LANE = 8;
 constexpr int STEP_VALUES = WARP_SIZE * VALUES_PER_LANE;  // 256 values of a row per warp step
-constexpr int BLOCKS_PER_STEP = STEP_VALUES / QK;         // 8 quantized blocks per warp step
-constexpr int GEMV_MAX_WARPS = 8;
+constexpr int BLOCKS_PER_STEP = STEP_VALUES / QK;         // 8 blocks of 32 per step (one K-quant super-block)
+constexpr int GEMV_MAX_WARPS = 8;                         // warps of a block, whatever the split
+constexpr int GROUPS_PER_BLOCK = 4;                       // warps (groups) per block when a warp owns a group
+constexpr int STEPS_PER_WARP = 4;                         // a split row gives each warp about this many steps
+constexpr int RAW_BUDGET = 32;  // registers a lane may hold for loaded, not yet used weights (see batch_steps)
+constexpr int LINE_BYTES = 128;
 
-// The 8 activations lane l multiplies with its 8 weights of every row in one step, as two runs of 4
-// consecutive values (where they sit depends on the format: gemv_activation_offset), and their sum.
+// The 8 activations lane l multiplies with its 8 weights of every row in one step: run 0 is v[0..3],
+// run 1 is v[4..7] (4 consecutive values each), with each run's sum (the formats with an offset or a min
+// need it) and the sum of squares of the raw x values (the norm).
 struct Activations {
     float v[VALUES_PER_LANE];
-    float sum;
+    float run_sum[2];
+    float x_squares;
 };
 
 __device__ __forceinline__ __half2 as_half2(std::uint32_t bits) {
@@ -60,332 +79,553 @@ __device__ __forceinline__ __half2 as_half2(std::uint32_t bits) {
 // __float2half2_rn would be converted at run time, in every step):
 constexpr std::uint32_t HALF2_1024 = 0x64006400u;  // 1024.0, 1024.0
 constexpr std::uint32_t HALF2_1032 = 0x64086408u;  // 1024 + 8: Q4_0's zero point 8 removed too
-constexpr std::uint32_t HALF2_1152 = 0x64806480u;  // 1024 + 128: the +128 byte bias removed too
+constexpr std::uint32_t HALF2_1040 = 0x64106410u;  // 1024 + 16: Q5_0's zero point
+constexpr std::uint32_t HALF2_1056 = 0x64206420u;  // 1024 + 32: Q6_K's zero point
+constexpr std::uint32_t HALF2_1152 = 0x64806480u;  // 1024 + 128: the +128 bias of Q8_0's bytes
 
 // Two 4-bit values at bits [0, 4) and [16, 20) of `bits`, minus the format's zero point, as exact floats
-// (the 1024.0 trick of the header comment: one LOP3 and one HSUB2 for two values). `zero_plus_1024` is
-// the half2 bit pattern of 1024 + zero point.
+// (one LOP3 and one HSUB2 for two values). `zero_plus_1024` is the half2 bit pattern of 1024 + zero point.
 __device__ __forceinline__ float2 nibble_pair(std::uint32_t bits, std::uint32_t zero_plus_1024) {
     return __half22float2(__hsub2(as_half2((bits & 0x000F000Fu) | HALF2_1024), as_half2(zero_plus_1024)));
 }
 
-// sum_j nibble_j * a.v[j] - zero * sum_j a.v[j] for the 8 nibbles of `word`: the 4 bytes qs[4s .. 4s + 3]
-// of a Q4 block, whose low nibbles are values 4s .. 4s + 3 (run 0) and high nibbles 16 + 4s .. (run 1).
-__device__ __forceinline__ float nibble_dot(std::uint32_t word, std::uint32_t zero_plus_1024, const Activations& a) {
+// The two runs of a word of 4 nibble bytes: run 0 = sum_j (low nibble of byte j - zero) * v[j], run 1 =
+// sum_j (high nibble of byte j - zero) * v[4 + j].
+__device__ __forceinline__ float2 nibble_dots(std::uint32_t word, std::uint32_t zero_plus_1024, const float* v) {
     const float2 low_02 = nibble_pair(word, zero_plus_1024);         // low nibbles of bytes 0 and 2
     const float2 low_13 = nibble_pair(word >> 8, zero_plus_1024);    // low nibbles of bytes 1 and 3
     const float2 high_02 = nibble_pair(word >> 4, zero_plus_1024);   // high nibbles of bytes 0 and 2
     const float2 high_13 = nibble_pair(word >> 12, zero_plus_1024);  // high nibbles of bytes 1 and 3
-    return low_02.x * a.v[0] + low_13.x * a.v[1] + low_02.y * a.v[2] + low_13.y * a.v[3] + high_02.x * a.v[4] +
-           high_13.x * a.v[5] + high_02.y * a.v[6] + high_13.y * a.v[7];
+    return make_float2(low_02.x * v[0] + low_13.x * v[1] + low_02.y * v[2] + low_13.y * v[3],
+                       high_02.x * v[4] + high_13.x * v[5] + high_02.y * v[6] + high_13.y * v[7]);
 }
 
-// Two signed bytes of `word` (picked by a __byte_perm selector) as exact floats: the bytes were biased by
-// +128 (XOR 0x80) to make them unsigned, placed under the half exponent 0x64, and 1024 + 128 subtracted.
-__device__ __forceinline__ float2 int8_pair(std::uint32_t biased_word, unsigned selector) {
-    const std::uint32_t halves = __byte_perm(biased_word, 0x64646464u, selector);  // bytes 4-7: 0x64
-    return __half22float2(__hsub2(as_half2(halves), as_half2(HALF2_1152)));
-}
-
-// sum_j q_j * v[j] over the 4 signed bytes of `word`, v[0..3] in byte order.
-__device__ __forceinline__ float int8_dot(std::uint32_t word, const float* v) {
-    const std::uint32_t biased = word ^ 0x80808080u;
-    const float2 bytes_01 = int8_pair(biased, 0x4140);  // result bytes: byte 0, 0x64, byte 1, 0x64
-    const float2 bytes_23 = int8_pair(biased, 0x4342);  // result bytes: byte 2, 0x64, byte 3, 0x64
+// sum_j (byte_j - zero) * v[j] over the 4 unsigned bytes of `word`: a __byte_perm puts two bytes under the
+// half exponent byte 0x64 at a time (1024 + byte, exact).
+__device__ __forceinline__ float byte_dot(std::uint32_t word, std::uint32_t zero_plus_1024, const float* v) {
+    const float2 bytes_01 =
+        __half22float2(__hsub2(as_half2(__byte_perm(word, 0x64646464u, 0x4140)), as_half2(zero_plus_1024)));
+    const float2 bytes_23 =
+        __half22float2(__hsub2(as_half2(__byte_perm(word, 0x64646464u, 0x4342)), as_half2(zero_plus_1024)));
     return bytes_01.x * v[0] + bytes_01.y * v[1] + bytes_23.x * v[2] + bytes_23.y * v[3];
 }
 
-// Two 2-byte loads as one word: the 18- and 34-byte blocks keep their bytes on a 2-byte boundary only.
-// __ldcs (evict-first): each weight is read once per token, so it should not push the activations out.
-__device__ __forceinline__ std::uint32_t load_word_2aligned(const std::uint8_t* bytes) {
-    const auto* halves = reinterpret_cast<const unsigned short*>(bytes);
-    return std::uint32_t(__ldcs(halves)) | (std::uint32_t(__ldcs(halves + 1)) << 16);
+// Bit i of the 4-bit `bits` moved to bit 4 of byte i: the fifth bits of 4 Q5_0 values, ready to OR onto
+// their nibbles. (The multiplication copies the nibble to bit offsets 0, 7, 14 and 21, so that bit i of
+// copy i lands on bit 8i.)
+__device__ __forceinline__ std::uint32_t spread_fifth_bits(std::uint32_t bits) {
+    return (((bits & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
 }
 
-// A weight format, as the GEMV sees it: `dot` returns sum_j w_j * a.v[j] over lane l's 8 weights of one
-// row in one step. NIBBLES formats give lane l the 8 values of bytes 4(l % 4) .. 4(l % 4) + 3 of block
-// l / 4 (two runs of 4, 16 apart); the others give it 8 consecutive values, 8l .. 8l + 7.
+// Byte i of 12 bytes held as 3 words, selected without indexing a register array (which would put it in
+// local memory).
+__device__ __forceinline__ int byte_of(const std::uint32_t (&words)[3], int i) {
+    const std::uint32_t word = i < 4 ? words[0] : (i < 8 ? words[1] : words[2]);
+    return int((word >> (8 * (i & 3))) & 0xFFu);
+}
+
+// Loads that read each weight once: __ldcs (evict-first) keeps them from pushing x out of the caches.
+__device__ __forceinline__ unsigned short load_u16(const void* p) {
+    return __ldcs(static_cast<const unsigned short*>(p));
+}
+__device__ __forceinline__ std::uint32_t load_u32(const void* p) {
+    return __ldcs(static_cast<const unsigned int*>(p));
+}
+// Two 2-byte loads as one word: the 18-, 22-, 34- and 210-byte blocks keep their bytes on a 2-byte boundary.
+__device__ __forceinline__ std::uint32_t load_word_2aligned(const std::uint8_t* bytes) {
+    return std::uint32_t(load_u16(bytes)) | (std::uint32_t(load_u16(bytes + 2)) << 16);
+}
+__device__ __forceinline__ float half_bits_to_float(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
+
+// ---- Weight formats --------------------------------------------------------------------------------------
+//
+// Each format says, for lane l of a step: where its two runs of 4 activations sit in the step
+// (activation_offset), which bytes it loads (load -> Raw, issued before any is used) and how they
+// combine with the activations (dot: sum_j w_j * a.v[j] over the 8 weights). RAW_WORDS is the size of Raw
+// in registers. Steps are 256 values: 8 blocks of 32, or one K-quant super-block.
+
+// The block formats with nibbles: lane l takes bytes 4(l % 4) .. 4(l % 4) + 3 of block l / 4 of the step,
+// whose low nibbles are values 4(l % 4) + 0..3 of the block (run 0) and high nibbles 16 + the same (run 1).
+__device__ __forceinline__ int nibble_block_offset(int lane, int run) {
+    return (lane / 4) * QK + (lane % 4) * 4 + run * (QK / 2);
+}
 
 struct GemvF32 {
-    static constexpr bool NIBBLES = false;
-    __device__ static float dot(const std::uint8_t* row, int step, int lane, const Activations& a) {
+    struct Raw {
+        float4 low, high;
+    };
+    static constexpr int RAW_WORDS = 8;
+    __device__ static int activation_offset(int lane, int run) { return lane * VALUES_PER_LANE + run * 4; }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
         const float4* w = reinterpret_cast<const float4*>(row) + (step * STEP_VALUES + lane * VALUES_PER_LANE) / 4;
-        const float4 w0 = __ldcs(w), w1 = __ldcs(w + 1);
-        return w0.x * a.v[0] + w0.y * a.v[1] + w0.z * a.v[2] + w0.w * a.v[3] + w1.x * a.v[4] + w1.y * a.v[5] +
-               w1.z * a.v[6] + w1.w * a.v[7];
+        return {__ldcs(w), __ldcs(w + 1)};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        return w.low.x * a.v[0] + w.low.y * a.v[1] + w.low.z * a.v[2] + w.low.w * a.v[3] + w.high.x * a.v[4] +
+               w.high.y * a.v[5] + w.high.z * a.v[6] + w.high.w * a.v[7];
     }
 };
 
 struct GemvF16 {
-    static constexpr bool NIBBLES = false;
-    __device__ static float dot(const std::uint8_t* row, int step, int lane, const Activations& a) {
-        const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(row) + step * WARP_SIZE + lane);  // 8 halves
-        const float2 w01 = __half22float2(as_half2(raw.x)), w23 = __half22float2(as_half2(raw.y));
-        const float2 w45 = __half22float2(as_half2(raw.z)), w67 = __half22float2(as_half2(raw.w));
+    using Raw = uint4;  // 8 halves
+    static constexpr int RAW_WORDS = 4;
+    __device__ static int activation_offset(int lane, int run) { return lane * VALUES_PER_LANE + run * 4; }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        return __ldcs(reinterpret_cast<const uint4*>(row) + step * WARP_SIZE + lane);
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        const float2 w01 = __half22float2(as_half2(w.x)), w23 = __half22float2(as_half2(w.y));
+        const float2 w45 = __half22float2(as_half2(w.z)), w67 = __half22float2(as_half2(w.w));
         return w01.x * a.v[0] + w01.y * a.v[1] + w23.x * a.v[2] + w23.y * a.v[3] + w45.x * a.v[4] + w45.y * a.v[5] +
                w67.x * a.v[6] + w67.y * a.v[7];
     }
 };
 
 struct GemvQ4_0 {  // w = d * (nibble - 8)
-    static constexpr bool NIBBLES = true;
-    __device__ static float dot(const std::uint8_t* row, int step, int lane, const Activations& a) {
+    struct Raw {
+        unsigned short d;
+        std::uint32_t qs;
+    };
+    static constexpr int RAW_WORDS = 2;
+    __device__ static int activation_offset(int lane, int run) { return nibble_block_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
         const BlockQ4_0* block = reinterpret_cast<const BlockQ4_0*>(row) + step * BLOCKS_PER_STEP + lane / 4;
-        const float d = __half2float(__ushort_as_half(__ldcs(reinterpret_cast<const unsigned short*>(&block->d))));
-        const std::uint32_t word = load_word_2aligned(block->qs + 4 * (lane % 4));
-        return d * nibble_dot(word, HALF2_1032, a);
+        return {load_u16(&block->d), load_word_2aligned(block->qs + 4 * (lane % 4))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        const float2 runs = nibble_dots(w.qs, HALF2_1032, a.v);
+        return half_bits_to_float(w.d) * (runs.x + runs.y);
     }
 };
 
-struct GemvQ4_1 {  // w = d * nibble + m
-    static constexpr bool NIBBLES = true;
-    __device__ static float dot(const std::uint8_t* row, int step, int lane, const Activations& a) {
-        // 20-byte blocks keep a 4-byte boundary: d and m in one 4-byte load, the 4 bytes of nibbles in one.
+struct GemvQ4_1 {  // w = d * nibble + m; 20-byte blocks keep a 4-byte boundary
+    struct Raw {
+        std::uint32_t d_and_m, qs;
+    };
+    static constexpr int RAW_WORDS = 2;
+    __device__ static int activation_offset(int lane, int run) { return nibble_block_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
         const BlockQ4_1* block = reinterpret_cast<const BlockQ4_1*>(row) + step * BLOCKS_PER_STEP + lane / 4;
-        const float2 d_and_m = __half22float2(as_half2(__ldcs(reinterpret_cast<const unsigned int*>(block))));
-        const std::uint32_t word = __ldcs(reinterpret_cast<const unsigned int*>(block->qs) + lane % 4);
-        return d_and_m.x * nibble_dot(word, HALF2_1024, a) + d_and_m.y * a.sum;
+        return {load_u32(block), load_u32(block->qs + 4 * (lane % 4))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        const float2 d_and_m = __half22float2(as_half2(w.d_and_m));
+        const float2 runs = nibble_dots(w.qs, HALF2_1024, a.v);
+        return d_and_m.x * (runs.x + runs.y) + d_and_m.y * (a.run_sum[0] + a.run_sum[1]);
     }
 };
 
-struct GemvQ8_0 {  // w = d * q, q a signed byte
-    static constexpr bool NIBBLES = false;
-    __device__ static float dot(const std::uint8_t* row, int step, int lane, const Activations& a) {
+struct GemvQ5_0 {  // w = d * (nibble + 16 * fifth bit - 16)
+    struct Raw {
+        unsigned short d;
+        std::uint32_t qh, qs;
+    };
+    static constexpr int RAW_WORDS = 3;
+    __device__ static int activation_offset(int lane, int run) { return nibble_block_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        const BlockQ5_0* block = reinterpret_cast<const BlockQ5_0*>(row) + step * BLOCKS_PER_STEP + lane / 4;
+        return {load_u16(&block->d), load_word_2aligned(block->qh), load_word_2aligned(block->qs + 4 * (lane % 4))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int first = 4 * (lane % 4);  // this lane's values first .. first + 3 and 16 + the same
+        const std::uint32_t low = (w.qs & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> first);
+        const std::uint32_t high = ((w.qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (16 + first));
+        return half_bits_to_float(w.d) * (byte_dot(low, HALF2_1040, a.v) + byte_dot(high, HALF2_1040, a.v + 4));
+    }
+};
+
+struct GemvQ8_0 {  // w = d * q, q a signed byte; lane l takes values 8l .. 8l + 7 of the step
+    struct Raw {
+        unsigned short d;
+        std::uint32_t low, high;
+    };
+    static constexpr int RAW_WORDS = 3;
+    __device__ static int activation_offset(int lane, int run) { return lane * VALUES_PER_LANE + run * 4; }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
         const BlockQ8_0* block = reinterpret_cast<const BlockQ8_0*>(row) + step * BLOCKS_PER_STEP + lane / 4;
-        const float d = __half2float(__ushort_as_half(__ldcs(reinterpret_cast<const unsigned short*>(&block->d))));
         const auto* qs = reinterpret_cast<const std::uint8_t*>(block->qs) + 8 * (lane % 4);
-        const std::uint32_t low = load_word_2aligned(qs), high = load_word_2aligned(qs + 4);
-        return d * (int8_dot(low, a.v) + int8_dot(high, a.v + 4));
+        return {load_u16(&block->d), load_word_2aligned(qs), load_word_2aligned(qs + 4)};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        // XOR 0x80 turns a signed byte q into the unsigned q + 128, which byte_dot takes back off.
+        return half_bits_to_float(w.d) *
+               (byte_dot(w.low ^ 0x80808080u, HALF2_1152, a.v) + byte_dot(w.high ^ 0x80808080u, HALF2_1152, a.v + 4));
     }
 };
 
-// Offset, within a step, of the first of 4 consecutive activations of lane `lane`'s run `run` (0 or 1).
-template <class Format>
-__device__ __forceinline__ int gemv_activation_offset(int lane, int run) {
-    if constexpr (Format::NIBBLES) return (lane / 4) * QK + (lane % 4) * 4 + run * (QK / 2);
-    return lane * VALUES_PER_LANE + run * 4;
-}
-
-// 1 / sqrt(mean(x^2) + eps) over the n values of x, as every thread of the block sees it. Contains
-// __syncthreads() (block_sum): every thread of the block must call it.
-__device__ __forceinline__ float block_inv_rms(const float* x, int n, float eps) {
-    float sum_of_squares = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x * 4; i < n; i += blockDim.x * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + i);
-        sum_of_squares += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+// Q4_K, one super-block per step. Lane l takes bytes 4(l % 8) .. + 3 of the 32-byte group g = l / 8 of
+// qs: low nibbles are values 64g + 4(l % 8) + 0..3 (sub-block 2g, run 0), high nibbles the same + 32
+// (sub-block 2g + 1, run 1). w = d * scale_s * q - dmin * min_s.
+struct GemvQ4_K {
+    struct Raw {
+        std::uint32_t d_and_dmin;
+        std::uint32_t scales[3];
+        std::uint32_t qs;
+    };
+    static constexpr int RAW_WORDS = 5;
+    __device__ static int activation_offset(int lane, int run) { return 64 * (lane / 8) + 4 * (lane % 8) + 32 * run; }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        // 144-byte super-blocks keep the tensor's 16-byte boundary: every word here is a 4-byte load.
+        const BlockQ4_K* block = reinterpret_cast<const BlockQ4_K*>(row) + step;
+        const auto* scales = reinterpret_cast<const std::uint8_t*>(block->scales);
+        return {load_u32(block),
+                {load_u32(scales), load_u32(scales + 4), load_u32(scales + 8)},
+                load_u32(block->qs + 32 * (lane / 8) + 4 * (lane % 8))};
     }
-    sum_of_squares = block_sum(sum_of_squares);
-    return 1.0f / sqrtf(sum_of_squares / float(n) + eps);
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int s = 2 * (lane / 8);  // sub-blocks s (run 0) and s + 1 (run 1)
+        int scale0, min0, scale1, min1;
+        if (s < 4) {
+            scale0 = byte_of(w.scales, s) & 63;
+            min0 = byte_of(w.scales, s + 4) & 63;
+            scale1 = byte_of(w.scales, s + 1) & 63;
+            min1 = byte_of(w.scales, s + 5) & 63;
+        } else {
+            scale0 = (byte_of(w.scales, s + 4) & 0xF) | ((byte_of(w.scales, s - 4) >> 6) << 4);
+            min0 = (byte_of(w.scales, s + 4) >> 4) | ((byte_of(w.scales, s) >> 6) << 4);
+            scale1 = (byte_of(w.scales, s + 5) & 0xF) | ((byte_of(w.scales, s - 3) >> 6) << 4);
+            min1 = (byte_of(w.scales, s + 5) >> 4) | ((byte_of(w.scales, s + 1) >> 6) << 4);
+        }
+        const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
+        const float2 runs = nibble_dots(w.qs, HALF2_1024, a.v);
+        return d_and_dmin.x * (float(scale0) * runs.x + float(scale1) * runs.y) -
+               d_and_dmin.y * (float(min0) * a.run_sum[0] + float(min1) * a.run_sum[1]);
+    }
+};
+
+// Q6_K, one super-block per step. Lane l: half h = l / 16 of the super-block, then j = l % 16: for j < 8
+// the ql bytes i .. i + 3 (i = 4j) give values 128h + i + 0..3 (low nibbles, qh bits 0-1, run 0) and
+// 128h + 64 + i + 0..3 (high nibbles, qh bits 4-5, run 1); for j >= 8 the ql bytes 32 + i .. (i = 4(j - 8))
+// give 128h + 32 + i + 0..3 (qh bits 2-3) and 128h + 96 + i + 0..3 (qh bits 6-7). ggml_formats.cuh has the
+// layout. w = d * scale * (q - 32).
+struct GemvQ6_K {
+    struct Raw {
+        std::uint32_t ql, qh;
+        int scale0, scale1;
+        unsigned short d;
+    };
+    static constexpr int RAW_WORDS = 5;
+    __device__ static int activation_offset(int lane, int run) {
+        return 128 * (lane / 16) + 32 * ((lane % 16) / 8) + 4 * (lane % 8) + 64 * run;
+    }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        // 210-byte super-blocks: only a 2-byte boundary.
+        const BlockQ6_K* block = reinterpret_cast<const BlockQ6_K*>(row) + step;
+        const int h = lane / 16, upper = (lane % 16) / 8, i = 4 * (lane % 8);
+        const int scale = 8 * h + i / 16 + 2 * upper;  // run 0's scale; run 1's is 4 further
+        return {load_word_2aligned(block->ql + 64 * h + 32 * upper + i), load_word_2aligned(block->qh + 32 * h + i),
+                __ldcs(block->scales + scale), __ldcs(block->scales + scale + 4), load_u16(&block->d)};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int shift = 2 * ((lane % 16) / 8);  // qh bits of run 0: shift, shift + 1; of run 1: 4 more
+        const std::uint32_t q0 = (w.ql & 0x0F0F0F0Fu) | (((w.qh >> shift) & 0x03030303u) << 4);
+        const std::uint32_t q1 = ((w.ql >> 4) & 0x0F0F0F0Fu) | (((w.qh >> (shift + 4)) & 0x03030303u) << 4);
+        return half_bits_to_float(w.d) *
+               (float(w.scale0) * byte_dot(q0, HALF2_1056, a.v) + float(w.scale1) * byte_dot(q1, HALF2_1056, a.v + 4));
+    }
+};
+
+// Formats whose dot also needs the lane (which sub-block or which bits) get it; the others ignore it.
+template <class Format>
+__device__ __forceinline__ float format_dot(const typename Format::Raw& w, const Activations& a, int lane) {
+    if constexpr (std::is_same_v<Format, GemvQ5_0> || std::is_same_v<Format, GemvQ4_K> ||
+                  std::is_same_v<Format, GemvQ6_K>) {
+        return Format::dot(w, a, lane);
+    } else {
+        return Format::dot(w, a);
+    }
 }
 
-// Lane `lane`'s activations of step `step`: x, or x * inv_rms * norm_weight (the RMSNorm, in the order
-// the CPU reference multiplies) when there is a norm weight.
+// Lane `lane`'s activations of step `step`: x * norm_weight (the norm's inv_rms comes at the end), or x.
 template <class Format>
-__device__ __forceinline__ Activations load_activations(const float* x, const float* norm_weight, float inv_rms,
-                                                        int step, int lane) {
+__device__ __forceinline__ Activations load_activations(const float* x, const float* norm_weight, int step, int lane) {
     Activations a;
-    a.sum = 0.0f;
+    a.x_squares = 0.0f;
 #pragma unroll
     for (int run = 0; run < 2; ++run) {
-        const int i = step * STEP_VALUES + gemv_activation_offset<Format>(lane, run);
+        const int i = step * STEP_VALUES + Format::activation_offset(lane, run);
         float4 v = *reinterpret_cast<const float4*>(x + i);
+        a.x_squares += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
         if (norm_weight != nullptr) {
             const float4 g = *reinterpret_cast<const float4*>(norm_weight + i);
-            v = make_float4(v.x * inv_rms * g.x, v.y * inv_rms * g.y, v.z * inv_rms * g.z, v.w * inv_rms * g.w);
+            v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
         }
         a.v[4 * run] = v.x;
         a.v[4 * run + 1] = v.y;
         a.v[4 * run + 2] = v.z;
         a.v[4 * run + 3] = v.w;
-        a.sum += (v.x + v.y) + (v.z + v.w);
+        a.run_sum[run] = (v.x + v.y) + (v.z + v.w);
     }
     return a;
 }
 
-// The epilogues. Each says which rows of W block b computes (weight_row(b, k), k < ROWS; always a valid
-// row, so no lane ever needs a bounds check) and what becomes of their ROWS dot products (finish, run by
-// one thread).
+// Steps a lane loads before it uses any: as many as fit RAW_BUDGET registers for the group's rows, 1 to 4.
+template <class Format, int ROWS>
+__host__ __device__ constexpr int batch_steps() {
+    constexpr int fit = RAW_BUDGET / (ROWS * Format::RAW_WORDS);
+    return fit < 1 ? 1 : (fit > 4 ? 4 : fit);
+}
+
+// What the kernel knows besides the epilogue.
+struct GemvInput {
+    const float* x;
+    const float* norm_weight;  // nullptr: no norm
+    float eps;
+    int in_features;
+    int warps_per_group;  // 1: a warp owns a group; more: they split its rows and meet in shared memory
+};
+
+// One group's ROWS dot products, scaled by the norm, handed to the epilogue. Every warp of the group calls
+// it (the same Format: the group's type); with several warps per group it contains __syncthreads(), and
+// then the block is that one group.
+template <class Format, class Epilogue>
+__device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& epilogue, int group,
+                                           int warp_in_group, int lane) {
+    constexpr int ROWS = Epilogue::ROWS;
+    constexpr int BATCH = batch_steps<Format, ROWS>();
+    const std::uint8_t* rows[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) rows[k] = epilogue.row(group, k);
+
+    // W does not depend on the previous kernel: start fetching it before waiting for that kernel.
+    const long long row_bytes = epilogue.row_bytes(group);
+    const int group_threads = in.warps_per_group * WARP_SIZE;
+    for (long long offset = (warp_in_group * WARP_SIZE + lane) * LINE_BYTES; offset < row_bytes;
+         offset += group_threads * LINE_BYTES) {
+#pragma unroll
+        for (int k = 0; k < ROWS; ++k) prefetch_l2(rows[k] + offset);
+    }
+    wait_for_previous_kernel();
+    allow_next_kernel();
+
+    float partial[ROWS] = {};
+    float x_squares = 0.0f;
+    const int n_steps = ceil_div(in.in_features, STEP_VALUES);
+    const int stride = in.warps_per_group;
+    for (int first = warp_in_group; first < n_steps; first += BATCH * stride) {
+        typename Format::Raw raw[BATCH][ROWS];
+        bool valid[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int step = first + b * stride;
+            // Only a row's last step can be partial: a lane past the end of the row sits it out.
+            valid[b] = step < n_steps && step * STEP_VALUES + lane * VALUES_PER_LANE < in.in_features;
+            if (valid[b]) {
+#pragma unroll
+                for (int k = 0; k < ROWS; ++k) raw[b][k] = Format::load(rows[k], step, lane);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            if (!valid[b]) continue;
+            const Activations a = load_activations<Format>(in.x, in.norm_weight, first + b * stride, lane);
+            x_squares += a.x_squares;
+#pragma unroll
+            for (int k = 0; k < ROWS; ++k) partial[k] += format_dot<Format>(raw[b][k], a, lane);
+        }
+    }
+
+    float sums[ROWS + 1];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) sums[k] = warp_sum(partial[k]);  // lanes that sat steps out rejoin here
+    sums[ROWS] = warp_sum(x_squares);
+    if (in.warps_per_group > 1) {
+        __shared__ float warp_sums[GEMV_MAX_WARPS][ROWS + 1];
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k <= ROWS; ++k) warp_sums[warp_in_group][k] = sums[k];
+        }
+        __syncthreads();
+        if (warp_in_group != 0) return;
+#pragma unroll
+        for (int k = 0; k <= ROWS; ++k) {
+            sums[k] = 0.0f;
+            for (int w = 0; w < in.warps_per_group; ++w) sums[k] += warp_sums[w][k];
+        }
+    }
+    if (lane != 0) return;
+    if (in.norm_weight != nullptr) {
+        const float inv_rms = 1.0f / sqrtf(sums[ROWS] / float(in.in_features) + in.eps);
+#pragma unroll
+        for (int k = 0; k < ROWS; ++k) sums[k] *= inv_rms;
+    }
+    float result[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) result[k] = sums[k];
+    epilogue.finish(group, result);
+}
+
+// Block: GROUPS_PER_BLOCK warps that own a group each, or warps_per_group warps sharing one group;
+// blockIdx.x: which groups.
+template <class Epilogue>
+__global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in, Epilogue epilogue) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int groups_per_block = blockDim.x / WARP_SIZE / in.warps_per_group;
+    const int group = blockIdx.x * groups_per_block + warp / in.warps_per_group;
+    const int warp_in_group = warp % in.warps_per_group;
+    if (group >= epilogue.n_groups) {
+        // Only in a block of single-warp groups (no barrier), whose last block may be partly past the end.
+        wait_for_previous_kernel();
+        allow_next_kernel();
+        return;
+    }
+    switch (epilogue.type(group)) {
+        case GGML_F32: gemv_group<GemvF32>(in, epilogue, group, warp_in_group, lane); break;
+        case GGML_F16: gemv_group<GemvF16>(in, epilogue, group, warp_in_group, lane); break;
+        case GGML_Q4_0: gemv_group<GemvQ4_0>(in, epilogue, group, warp_in_group, lane); break;
+        case GGML_Q4_1: gemv_group<GemvQ4_1>(in, epilogue, group, warp_in_group, lane); break;
+        case GGML_Q5_0: gemv_group<GemvQ5_0>(in, epilogue, group, warp_in_group, lane); break;
+        case GGML_Q8_0: gemv_group<GemvQ8_0>(in, epilogue, group, warp_in_group, lane); break;
+        case GGML_Q4_K: gemv_group<GemvQ4_K>(in, epilogue, group, warp_in_group, lane); break;
+        default: gemv_group<GemvQ6_K>(in, epilogue, group, warp_in_group, lane); break;  // checked at launch
+    }
+}
+
+// ---- Epilogues ---------------------------------------------------------------------------------------------
+//
+// Each says how many groups there are, which ROWS rows of which weight group g reads (row(g, k): always a
+// valid row, so no lane needs a bounds check), their type and row length, and what becomes of their dot
+// products (finish, run by one thread).
+
+// A weight as the kernels get it: GGUF bytes, type, rows of row_bytes bytes.
+struct WeightPart {
+    const std::uint8_t* data;
+    long long row_bytes;
+    int type;
+    int n_rows;
+    __device__ const std::uint8_t* row(int r) const { return data + std::size_t(min(r, n_rows - 1)) * row_bytes; }
+};
 
 // y[row] = (W x)[row] (+ residual[row]) for ROWS consecutive rows. y may be residual itself (the add in
 // place): each element is read and then written by the same thread, so neither pointer is __restrict__.
-template <int ROWS_PER_BLOCK>
+template <int ROWS_PER_GROUP>
 struct StoreRows {
-    static constexpr int ROWS = ROWS_PER_BLOCK;
+    static constexpr int ROWS = ROWS_PER_GROUP;
+    WeightPart weight;
     float* y;
     const float* residual;  // nullptr: nothing to add
-    int out_features;
+    int n_groups;
 
-    __device__ int weight_row(int block, int k) const { return min(block * ROWS + k, out_features - 1); }
-
-    __device__ void finish(int block, const float (&sums)[ROWS]) const {
+    __device__ int type(int) const { return weight.type; }
+    __device__ long long row_bytes(int) const { return weight.row_bytes; }
+    __device__ const std::uint8_t* row(int group, int k) const { return weight.row(group * ROWS + k); }
+    __device__ void finish(int group, const float (&sums)[ROWS]) const {
 #pragma unroll
         for (int k = 0; k < ROWS; ++k) {
-            const int row = block * ROWS + k;
-            if (row < out_features) y[row] = residual != nullptr ? residual[row] + sums[k] : sums[k];
+            const int row = group * ROWS + k;
+            if (row < weight.n_rows) y[row] = residual != nullptr ? residual[row] + sums[k] : sums[k];
         }
     }
 };
 
-// out[i] = silu(gate_i) * up_i, where W stacks the d_ff gate rows and then the d_ff up rows, so gate_i is
-// row i and up_i is row d_ff + i. A block computes OUTPUTS consecutive outputs: their gate rows, then
-// their up rows (8 rows: the per-block work of the norm and the reductions is spread over as many rows as
-// in the 8-row blocks of a long GEMV, which the microbenchmark showed twice as fast per byte as 4 rows).
+// out[i] = silu(gate_i) * up_i, from row i of the gate weight and row i of the up weight (one type,
+// checked at launch). A group takes OUTPUTS consecutive outputs: their gate rows, then their up rows (two
+// outputs per warp keep the 4864 warps of Qwen2.5-0.5B's FFN inside one wave of resident warps).
 struct GateUpSwiglu {
-    static constexpr int OUTPUTS = 4;
+    static constexpr int OUTPUTS = 2;
     static constexpr int ROWS = 2 * OUTPUTS;
+    WeightPart gate, up;
     float* out;
-    int d_ff;
+    int n_groups;
 
-    __device__ int weight_row(int block, int k) const {
-        return min(block * OUTPUTS + k % OUTPUTS, d_ff - 1) + (k / OUTPUTS) * d_ff;
+    __device__ int type(int) const { return gate.type; }
+    __device__ long long row_bytes(int) const { return gate.row_bytes; }
+    __device__ const std::uint8_t* row(int group, int k) const {
+        const int output = group * OUTPUTS + k % OUTPUTS;
+        return k < OUTPUTS ? gate.row(output) : up.row(output);
     }
-
-    __device__ void finish(int block, const float (&sums)[ROWS]) const {
+    __device__ void finish(int group, const float (&sums)[ROWS]) const {
 #pragma unroll
         for (int o = 0; o < OUTPUTS; ++o) {
-            const int i = block * OUTPUTS + o;
-            if (i < d_ff) out[i] = silu(sums[o]) * sums[OUTPUTS + o];
+            const int output = group * OUTPUTS + o;
+            if (output < gate.n_rows) out[output] = silu(sums[o]) * sums[OUTPUTS + o];
         }
     }
 };
 
-// The attention projections of one token: W stacks the rows of Wq, Wk and Wv (n_heads, n_kv_heads and
-// n_kv_heads heads of head_dim rows). A block computes one pair of dimensions of one head: the two
-// dimensions RoPE rotates together (rope.cuh) for q and k heads, two adjacent dimensions otherwise. Its
-// epilogue adds the bias, rotates q and k pairs by the position, and writes q to `q`, k and v to row
-// `position` of the caches. The position is read from device memory, so a captured graph serves every
-// step; one outside the cache would write another buffer's memory, so the kernel traps instead.
+// The attention projections of one token: Wq, Wk and Wv (n_heads, n_kv_heads and n_kv_heads heads of
+// head_dim rows; each its own type). Group g is one pair of dimensions of one head, counting q heads, then
+// k heads, then v heads: the two dimensions RoPE rotates together (rope.cuh) for q and k, two adjacent
+// ones for v. Its epilogue adds the biases, rotates q and k pairs by the position, and writes q to `q`, k
+// and v to row `position` of the caches. The position is read from device memory, so a captured graph
+// serves every step; one outside the cache would write another buffer's memory, so the kernel traps.
 struct QkvRopeStore {
     static constexpr int ROWS = 2;
-    const float* bias;  // [q_dim + 2 * kv_dim], or nullptr
-    float* q;           // [n_heads * head_dim]
-    float* k_cache;     // [n_ctx][n_kv_heads * head_dim]
+    WeightPart q_weight, k_weight, v_weight;
+    const float* q_bias;  // each nullptr or [rows of its weight]
+    const float* k_bias;
+    const float* v_bias;
+    float* q;             // [n_heads * head_dim]
+    float* k_cache;       // [n_ctx][n_kv_heads * head_dim]
     float* v_cache;
     const int* positions;  // positions[0]: where this token's k and v go
     int n_heads, n_kv_heads, head_dim, n_rot, mode, n_ctx;
     double freq_base;
+    int n_groups;
+
+    // Picked by value with selects: indexing an array of kernel parameters would copy it to local memory.
+    __device__ WeightPart weight(int part) const { return part == 0 ? q_weight : (part == 1 ? k_weight : v_weight); }
+    __device__ const float* bias(int part) const { return part == 0 ? q_bias : (part == 1 ? k_bias : v_bias); }
 
     struct Pair {
-        int first_row, second_row;  // rows of W (and of the q|k|v vector)
+        int part;                   // 0 q, 1 k, 2 v
+        int first_row, second_row;  // rows of that part
         int rope_pair;              // the RoPE pair index p, or -1 for a pair that is not rotated
     };
 
-    __device__ Pair pair(int block) const {
+    __device__ Pair pair(int group) const {
         const int pairs_per_head = head_dim / 2;
-        const int head = block / pairs_per_head;  // q heads, then k heads, then v heads
-        const int p = block % pairs_per_head;
-        const bool rotated = head < n_heads + n_kv_heads && p < n_rot / 2;
+        int head = group / pairs_per_head;
+        const int p = group % pairs_per_head;
+        const int part = head < n_heads ? 0 : (head < n_heads + n_kv_heads ? 1 : 2);
+        head -= part == 0 ? 0 : (part == 1 ? n_heads : n_heads + n_kv_heads);
+        const bool rotated = part < 2 && p < n_rot / 2;
         const bool neox = rotated && mode == ROPE_NEOX;
         const int first = neox ? p : 2 * p;
         const int second = neox ? p + n_rot / 2 : 2 * p + 1;
-        return {head * head_dim + first, head * head_dim + second, rotated ? p : -1};
+        return {part, head * head_dim + first, head * head_dim + second, rotated ? p : -1};
     }
 
-    __device__ int weight_row(int block, int k) const {
-        const Pair rows = pair(block);
-        return k == 0 ? rows.first_row : rows.second_row;
+    __device__ int type(int group) const { return weight(pair(group).part).type; }
+    __device__ long long row_bytes(int group) const { return weight(pair(group).part).row_bytes; }
+    __device__ const std::uint8_t* row(int group, int k) const {
+        const Pair rows = pair(group);
+        return weight(rows.part).row(k == 0 ? rows.first_row : rows.second_row);
     }
 
-    __device__ void finish(int block, const float (&sums)[ROWS]) const {
-        const Pair rows = pair(block);
+    __device__ void finish(int group, const float (&sums)[ROWS]) const {
+        const Pair rows = pair(group);
         const int position = positions[0];
         if (position < 0 || position >= n_ctx) __trap();
         float a = sums[0], b = sums[1];
-        if (bias != nullptr) {
-            a += bias[rows.first_row];
-            b += bias[rows.second_row];
+        if (const float* part_bias = bias(rows.part)) {
+            a += part_bias[rows.first_row];
+            b += part_bias[rows.second_row];
         }
         if (rows.rope_pair >= 0) rope_rotate(a, b, position, rows.rope_pair, n_rot, freq_base);
-        const int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
-        float* target;  // where row 0 of the q|k|v vector would be
-        if (rows.first_row < q_dim) {
-            target = q;
-        } else if (rows.first_row < q_dim + kv_dim) {
-            target = k_cache + std::size_t(position) * kv_dim - q_dim;
-        } else {
-            target = v_cache + std::size_t(position) * kv_dim - (q_dim + kv_dim);
-        }
+        const std::size_t kv_row = std::size_t(position) * n_kv_heads * head_dim;
+        float* target = rows.part == 0 ? q : (rows.part == 1 ? k_cache + kv_row : v_cache + kv_row);
         target[rows.first_row] = a;
         target[rows.second_row] = b;
     }
 };
 
-// Block: 32 * n_warps threads; blockIdx.x is the epilogue's block index (which ROWS rows of W).
-template <class Format, class Epilogue>
-__global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-    gemv(const std::uint8_t* __restrict__ weight, long long row_bytes, const float* __restrict__ x,
-         const float* __restrict__ norm_weight, float eps, int in_features, Epilogue epilogue) {
-    constexpr int ROWS = Epilogue::ROWS;
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE;
-    const int n_warps = blockDim.x / WARP_SIZE;
-
-    const std::uint8_t* rows[ROWS];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k) rows[k] = weight + std::size_t(epilogue.weight_row(blockIdx.x, k)) * row_bytes;
-
-    // The norm's scale: a block-wide reduction, so the test is uniform over the block (every thread calls).
-    const float inv_rms = norm_weight != nullptr ? block_inv_rms(x, in_features, eps) : 1.0f;
-
-    float partial[ROWS] = {};
-    const int n_steps = ceil_div(in_features, STEP_VALUES);
-    for (int step = warp; step < n_steps; step += n_warps) {
-        // Only a row's last step can be partial, so a lane past the end is done with the row.
-        if (step * STEP_VALUES + lane * VALUES_PER_LANE >= in_features) break;
-        const Activations a = load_activations<Format>(x, norm_weight, inv_rms, step, lane);
-#pragma unroll
-        for (int k = 0; k < ROWS; ++k) partial[k] += Format::dot(rows[k], step, lane, a);
-    }
-
-    __shared__ float warp_sums[GEMV_MAX_WARPS][ROWS];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k) {
-        const float sum = warp_sum(partial[k]);  // the lanes that left the loop early rejoin here
-        if (lane == 0) warp_sums[warp][k] = sum;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sums[ROWS];
-#pragma unroll
-        for (int k = 0; k < ROWS; ++k) {
-            sums[k] = 0.0f;
-            for (int w = 0; w < n_warps; ++w) sums[k] += warp_sums[w][k];
-        }
-        epilogue.finish(blockIdx.x, sums);
-    }
-}
-
-// Rows of at least this many rows take 8 rows per block (the activations serve 8 rows); fewer take 2, so
-// that a 896-row projection still spreads over 448 blocks.
-constexpr int MANY_ROWS = 16384;
+// ---- Launch ------------------------------------------------------------------------------------------------
 
 template <class Epilogue>
-cudaError_t launch_epilogue(int type, const void* weight, const float* x, const float* norm_weight, float eps,
-                            int in_features, int n_blocks, const Epilogue& epilogue, cudaStream_t stream) {
-    const auto* w = static_cast<const std::uint8_t*>(weight);
-    const long long bytes = row_bytes(type, in_features);
-    // grid.x: the epilogue's blocks, each ROWS rows of W; block: one warp per 256-value step of a row, at
-    // most 8 warps (a longer row gives each warp several steps).
-    const int threads = std::max(1, std::min(GEMV_MAX_WARPS, ceil_div(in_features, STEP_VALUES))) * WARP_SIZE;
-    switch (type) {
-        case GGML_F32:
-            gemv<GemvF32, Epilogue><<<n_blocks, threads, 0, stream>>>(w, bytes, x, norm_weight, eps, in_features, epilogue);
-            break;
-        case GGML_F16:
-            gemv<GemvF16, Epilogue><<<n_blocks, threads, 0, stream>>>(w, bytes, x, norm_weight, eps, in_features, epilogue);
-            break;
-        case GGML_Q4_0:
-            gemv<GemvQ4_0, Epilogue><<<n_blocks, threads, 0, stream>>>(w, bytes, x, norm_weight, eps, in_features, epilogue);
-            break;
-        case GGML_Q4_1:
-            gemv<GemvQ4_1, Epilogue><<<n_blocks, threads, 0, stream>>>(w, bytes, x, norm_weight, eps, in_features, epilogue);
-            break;
-        default:
-            gemv<GemvQ8_0, Epilogue><<<n_blocks, threads, 0, stream>>>(w, bytes, x, norm_weight, eps, in_features, epilogue);
-            break;
-    }
-    return cudaGetLastError();
+cudaError_t launch_epilogue(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
+    // Rows of up to ~4 steps (896 values: 4) belong to one warp each; longer rows (4864 values: 19 steps)
+    // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, all in one batch.
+    const int n_steps = ceil_div(input.in_features, STEP_VALUES);
+    GemvInput in = input;
+    in.warps_per_group = std::min(GEMV_MAX_WARPS, ceil_div(n_steps, STEPS_PER_WARP));
+    const int groups_per_block = in.warps_per_group == 1 ? GROUPS_PER_BLOCK : 1;
+    // grid.x: blocks of groups_per_block groups (each ROWS rows of W); block: 32 threads per warp, a warp
+    // per group or warps_per_group warps on one group.
+    const int blocks = ceil_div(epilogue.n_groups, groups_per_block);
+    const int threads = groups_per_block * in.warps_per_group * WARP_SIZE;
+    return launch_overlapped(gemv<Epilogue>, dim3(blocks), dim3(threads), 0, stream, in, epilogue);
 }
 
 // The alignment each format's loads need from the weight's base address (the row lengths keep it).
@@ -393,22 +633,49 @@ std::size_t weight_alignment(int type) {
     switch (type) {
         case GGML_F32:
         case GGML_F16: return 16;
-        case GGML_Q4_1: return 4;
+        case GGML_Q4_1:
+        case GGML_Q4_K: return 4;
         default: return 2;
     }
 }
 
-// The preconditions every GEMV launcher shares; nullptr when they hold, else the reason.
-const char* gemv_refusal(int type, const void* weight, const float* x, const float* norm_weight, int in_features) {
-    if (row_bytes(type, in_features) < 0 || in_features % VALUES_PER_LANE != 0 || in_features <= 0)
-        return "type must be F32, F16, Q4_0, Q4_1 or Q8_0, and in_features a positive multiple of 8 (of 32 for "
-               "Q4_0/Q4_1/Q8_0)";
+bool gemv_reads(int type) {
+    switch (type) {
+        case GGML_F32:
+        case GGML_F16:
+        case GGML_Q4_0:
+        case GGML_Q4_1:
+        case GGML_Q5_0:
+        case GGML_Q8_0:
+        case GGML_Q4_K:
+        case GGML_Q6_K: return true;
+        default: return false;
+    }
+}
+
+// The checks on one weight; nullptr when they hold, else the reason.
+const char* weight_refusal(int type, const void* weight, int in_features) {
+    if (!gemv_reads(type) || row_bytes(type, in_features) < 0 || in_features % VALUES_PER_LANE != 0 ||
+        in_features <= 0)
+        return "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a positive multiple "
+               "of 8 and of the type's block (32 values; 256 for Q4_K and Q6_K)";
     if (!is_aligned(weight, weight_alignment(type)))
-        return "weight must be 16-byte aligned (F32, F16), 4-byte (Q4_1) or 2-byte (Q4_0, Q8_0)";
+        return "weight must be 16-byte aligned (F32, F16), 4-byte (Q4_1, Q4_K) or 2-byte (Q4_0, Q5_0, Q8_0, Q6_K)";
+    return nullptr;
+}
+
+const char* input_refusal(const float* x, const float* norm_weight) {
     if (!is_aligned(x, 16) || (norm_weight != nullptr && !is_aligned(norm_weight, 16)))
         return "x and norm_weight must be 16-byte aligned";
     return nullptr;
 }
+
+WeightPart weight_part(const void* weight, int type, int in_features, int n_rows) {
+    return {static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), type, n_rows};
+}
+
+// Output heads (151936 rows) take 4 rows per group: the activations a lane loads serve 4 rows.
+constexpr int MANY_ROWS = 16384;
 
 }  // namespace
 }  // namespace minfer
@@ -416,46 +683,72 @@ const char* gemv_refusal(int type, const void* weight, const float* x, const flo
 using namespace minfer;
 
 extern "C" bool minfer_gemv_supports(int type, const void* weight, const float* x, int in_features) {
-    return gemv_refusal(type, weight, x, nullptr, in_features) == nullptr;
+    return weight_refusal(type, weight, in_features) == nullptr && input_refusal(x, nullptr) == nullptr;
 }
 
 extern "C" cudaError_t launch_gemv(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                                    const float* residual, float* y, int in_features, int out_features,
                                    cudaStream_t stream) {
-    if (const char* reason = gemv_refusal(type, weight, x, norm_weight, in_features)) return minfer_refuse(reason);
+    if (const char* reason = weight_refusal(type, weight, in_features)) return minfer_refuse(reason);
+    if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
-    if (out_features >= MANY_ROWS) {
-        const StoreRows<8> epilogue{y, residual, out_features};
-        return launch_epilogue(type, weight, x, norm_weight, eps, in_features, ceil_div(out_features, 8), epilogue,
-                               stream);
-    }
-    const StoreRows<2> epilogue{y, residual, out_features};
-    return launch_epilogue(type, weight, x, norm_weight, eps, in_features, ceil_div(out_features, 2), epilogue,
-                           stream);
+    const GemvInput in{x, norm_weight, eps, in_features, 1};
+    const WeightPart part = weight_part(weight, type, in_features, out_features);
+    // Rows split over warps (ffn_down) take 2 rows per group, so its 896 rows still make few enough blocks
+    // for one wave; short rows take 1 row per warp, except the output head's 4.
+    if (ceil_div(in_features, STEP_VALUES) > STEPS_PER_WARP)
+        return launch_epilogue(in, StoreRows<2>{part, y, residual, ceil_div(out_features, 2)}, stream);
+    if (out_features >= MANY_ROWS)
+        return launch_epilogue(in, StoreRows<4>{part, y, residual, ceil_div(out_features, 4)}, stream);
+    return launch_epilogue(in, StoreRows<1>{part, y, residual, out_features}, stream);
 }
 
-extern "C" cudaError_t launch_gemv_swiglu(const void* weight, int type, const float* x, const float* norm_weight,
-                                          float eps, float* out, int in_features, int d_ff, cudaStream_t stream) {
-    if (const char* reason = gemv_refusal(type, weight, x, norm_weight, in_features)) return minfer_refuse(reason);
+extern "C" cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int type, const float* x,
+                                          const float* norm_weight, float eps, float* out, int in_features, int d_ff,
+                                          cudaStream_t stream) {
+    if (const char* reason = weight_refusal(type, gate, in_features)) return minfer_refuse(reason);
+    if (const char* reason = weight_refusal(type, up, in_features)) return minfer_refuse(reason);
+    if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (d_ff <= 0) return minfer_refuse("d_ff must be positive");
-    const GateUpSwiglu epilogue{out, d_ff};
-    return launch_epilogue(type, weight, x, norm_weight, eps, in_features, ceil_div(d_ff, GateUpSwiglu::OUTPUTS),
-                           epilogue, stream);
+    const GemvInput in{x, norm_weight, eps, in_features, 1};
+    const GateUpSwiglu epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff),
+                                out, ceil_div(d_ff, GateUpSwiglu::OUTPUTS)};
+    return launch_epilogue(in, epilogue, stream);
 }
 
-extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* weight, int type, const float* x,
-                                                  const float* norm_weight, float eps, const float* bias, float* q,
-                                                  float* k_cache, float* v_cache, const int* positions,
-                                                  int in_features, int n_heads, int n_kv_heads, int head_dim,
-                                                  int n_rot, float freq_base, int mode, int n_ctx,
-                                                  cudaStream_t stream) {
-    if (const char* reason = gemv_refusal(type, weight, x, norm_weight, in_features)) return minfer_refuse(reason);
+extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type,
+                                                  const void* wv, int v_type, const float* x,
+                                                  const float* norm_weight, float eps, const float* bq,
+                                                  const float* bk, const float* bv, float* q, float* k_cache,
+                                                  float* v_cache, const int* positions, int in_features,
+                                                  int n_heads, int n_kv_heads, int head_dim, int n_rot,
+                                                  float freq_base, int mode, int n_ctx, cudaStream_t stream) {
+    for (const auto& [weight, type] : {std::pair<const void*, int>{wq, q_type}, {wk, k_type}, {wv, v_type}})
+        if (const char* reason = weight_refusal(type, weight, in_features)) return minfer_refuse(reason);
+    if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (mode != ROPE_NORMAL && mode != ROPE_NEOX) return minfer_refuse("mode must be 0 (normal) or 2 (NeoX)");
     if (head_dim <= 0 || head_dim % 2 != 0 || n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim)
         return minfer_refuse("head_dim must be even, and n_rot even, positive and at most head_dim");
     if (n_heads <= 0 || n_kv_heads <= 0 || n_ctx <= 0) return minfer_refuse("head counts and n_ctx must be positive");
-    const QkvRopeStore epilogue{bias, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim,
-                                n_rot, mode, n_ctx, double(freq_base)};
-    const int n_pairs = (n_heads + 2 * n_kv_heads) * head_dim / 2;
-    return launch_epilogue(type, weight, x, norm_weight, eps, in_features, n_pairs, epilogue, stream);
+    const int q_rows = n_heads * head_dim, kv_rows = n_kv_heads * head_dim;
+    QkvRopeStore epilogue{};
+    epilogue.q_weight = weight_part(wq, q_type, in_features, q_rows);
+    epilogue.k_weight = weight_part(wk, k_type, in_features, kv_rows);
+    epilogue.v_weight = weight_part(wv, v_type, in_features, kv_rows);
+    epilogue.q_bias = bq;
+    epilogue.k_bias = bk;
+    epilogue.v_bias = bv;
+    epilogue.q = q;
+    epilogue.k_cache = k_cache;
+    epilogue.v_cache = v_cache;
+    epilogue.positions = positions;
+    epilogue.n_heads = n_heads;
+    epilogue.n_kv_heads = n_kv_heads;
+    epilogue.head_dim = head_dim;
+    epilogue.n_rot = n_rot;
+    epilogue.mode = mode;
+    epilogue.n_ctx = n_ctx;
+    epilogue.freq_base = double(freq_base);
+    epilogue.n_groups = (q_rows + 2 * kv_rows) / 2;
+    return launch_epilogue(GemvInput{x, norm_weight, eps, in_features, 1}, epilogue, stream);
 }

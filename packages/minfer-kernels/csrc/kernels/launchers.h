@@ -50,17 +50,19 @@ cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y
 cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features, int out_features,
                         int n_tokens, cudaStream_t stream);
 
-// gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and bias.
+// gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
+// parts of the fused projections are separate weights; Q, K and V may each have their own type.
 bool minfer_gemv_supports(int type, const void* weight, const float* x, int in_features);
 cudaError_t launch_gemv(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                         const float* residual, float* y, int in_features, int out_features, cudaStream_t stream);
-cudaError_t launch_gemv_swiglu(const void* weight, int type, const float* x, const float* norm_weight, float eps,
-                               float* out, int in_features, int d_ff, cudaStream_t stream);
-cudaError_t launch_gemv_qkv_rope_store(const void* weight, int type, const float* x, const float* norm_weight,
-                                       float eps, const float* bias, float* q, float* k_cache, float* v_cache,
-                                       const int* positions, int in_features, int n_heads, int n_kv_heads,
-                                       int head_dim, int n_rot, float freq_base, int mode, int n_ctx,
-                                       cudaStream_t stream);
+cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int type, const float* x, const float* norm_weight,
+                               float eps, float* out, int in_features, int d_ff, cudaStream_t stream);
+cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type, const void* wv,
+                                       int v_type, const float* x, const float* norm_weight, float eps,
+                                       const float* bq, const float* bk, const float* bv, float* q, float* k_cache,
+                                       float* v_cache, const int* positions, int in_features, int n_heads,
+                                       int n_kv_heads, int head_dim, int n_rot, float freq_base, int mode,
+                                       int n_ctx, cudaStream_t stream);
 
 // attention.cu
 cudaError_t launch_kv_store_f32(const float* k, const float* v, float* k_cache, float* v_cache,

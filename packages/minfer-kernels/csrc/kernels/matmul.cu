@@ -10,11 +10,11 @@
 //
 // Decode (n_tokens == 1) is a matrix-vector product (GEMV): every weight is read once, and the kernel is
 // bound by memory bandwidth. launch_matmul hands it to gemv.cu, whose kernel is built for exactly that;
-// the warp-per-row kernel here serves one token only where gemv.cu cannot (F32/F16 rows of a length that
-// is not a multiple of 8, unaligned float rows). For n_tokens > 1, each warp takes TOKENS_PER_WARP = 8
-// tokens: a chunk of W is decoded once and used for 8 tokens, reading W 8 times less often than 8 GEMVs
-// would. That is a correct, reasonable small-batch path; a tensor-core GEMM for long prompts is a later
-// issue.
+// the warp-per-row kernel here serves one token only where gemv.cu refuses (F32/F16 rows of a length that
+// is not a multiple of 8, unaligned float rows, a type gemv.cu has no kernel for). For n_tokens > 1, each
+// warp takes TOKENS_PER_WARP = 8 tokens: a chunk of W is decoded once and used for 8 tokens, reading W 8
+// times less often than 8 GEMVs would. That is a correct, reasonable small-batch path; from 16 tokens on,
+// the runtime takes the tensor-core GEMM (gemm.cu) instead.
 #include "common.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
@@ -26,7 +26,7 @@ constexpr int ROWS_PER_BLOCK = 4;   // warps per block, one output row each
 constexpr int TOKENS_PER_WARP = 8;  // tokens sharing one decoded chunk of W in the n_tokens > 1 path
 
 // A weight format, as one lane sees it: a chunk of VALUES consecutive weights of a row, decoded as
-//     w[j] = scale * q[j] + offset        (offset only where HAS_OFFSET: Q4_1's minimum)
+//     w[j] = scale * q[j] + offset        (offset only where HAS_OFFSET: Q4_1's m, Q4_K's -dmin * min)
 // so that a chunk's dot product factors into sum_j w[j] x[j] = scale * sum_j q[j] x[j] + offset * sum_j x[j]:
 // the block scale is applied once per chunk, not once per weight.
 
@@ -149,6 +149,88 @@ struct Q8_0 {  // one 34-byte block per chunk
     }
 };
 
+struct Q5_0 {  // one 22-byte block per chunk
+    static constexpr int VALUES = QK;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ5_0& block = reinterpret_cast<const BlockQ5_0*>(row)[chunk];
+        scale = __half2float(block.d);
+        offset = 0.0f;
+        // A 22-byte stride leaves the block on a 2-byte boundary, as for Q4_0: the fifth bits as two
+        // two-byte words (bit j of the 32-bit word is value j's), the nibbles as eight.
+        const std::uint16_t* fifth_words = reinterpret_cast<const std::uint16_t*>(block.qh);
+        const std::uint32_t fifth = fifth_words[0] | (std::uint32_t(fifth_words[1]) << 16);
+        const std::uint16_t* words = reinterpret_cast<const std::uint16_t*>(block.qs);
+        // Value j: its nibble (placed as in Q4_0) | bit j of `fifth` << 4, minus Q5_0's zero point 16.
+        const auto value = [fifth](unsigned low_bits, int j) {
+            return float(int(low_bits | ((fifth >> j) & 1) << 4) - 16);
+        };
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const unsigned word = words[k];
+            q[2 * k] = value(word & 0xF, 2 * k);
+            q[2 * k + 1] = value((word >> 8) & 0xF, 2 * k + 1);
+            q[2 * k + 16] = value((word >> 4) & 0xF, 2 * k + 16);
+            q[2 * k + 17] = value(word >> 12, 2 * k + 17);
+        }
+    }
+};
+
+struct Q4_K {  // one 32-value sub-block of a 144-byte super-block per chunk
+    static constexpr int VALUES = QK;
+    static constexpr bool HAS_OFFSET = true;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ4_K& block = reinterpret_cast<const BlockQ4_K*>(row)[chunk / 8];
+        const int sub_block = chunk % 8;
+        int sub_scale, sub_min;
+        q4_k_scale_min(block.scales, sub_block, sub_scale, sub_min);
+        // 144-byte blocks keep the row's 4-byte alignment: d and dmin in one load, the nibbles in eight.
+        const float2 d_and_dmin = __half22float2(*reinterpret_cast<const __half2*>(&block.d));
+        scale = d_and_dmin.x * float(sub_scale);
+        offset = -(d_and_dmin.y * float(sub_min));  // w = scale * q - dmin * min
+        // Sub-blocks 2g and 2g + 1 share bytes 32g .. 32g + 31 of qs: the low nibbles, then the high.
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(block.qs + 32 * (sub_block / 2));
+        const int shift = 4 * (sub_block % 2);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const std::uint32_t word = words[k] >> shift;
+#pragma unroll
+            for (int byte = 0; byte < 4; ++byte) q[4 * k + byte] = float((word >> (8 * byte)) & 0xF);
+        }
+    }
+};
+
+struct Q6_K {  // one 16-value sub-block (one scale) of a 210-byte super-block per chunk
+    static constexpr int VALUES = QK_K / 16;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ6_K& block = reinterpret_cast<const BlockQ6_K*>(row)[chunk / 16];
+        const int sub_block = chunk % 16;
+        const int h = sub_block / 8;             // the half of the super-block (layout at BlockQ6_K)
+        const int group = sub_block % 8 / 2;     // which of the half's four 32-value groups
+        const int first = 16 * (sub_block % 2);  // the sub-block's first value within its group
+        scale = __half2float(block.d) * float(block.scales[sub_block]);
+        offset = 0.0f;
+        // 210-byte blocks: 2-byte boundary only. 16 bytes of ql (the low four bits) and 16 of qh (two bits
+        // each), as eight two-byte words each.
+        const std::uint16_t* low_words =
+            reinterpret_cast<const std::uint16_t*>(block.ql + 64 * h + 32 * (group % 2) + first);
+        const std::uint16_t* high_words = reinterpret_cast<const std::uint16_t*>(block.qh + 32 * h + first);
+        const int low_shift = 4 * (group / 2);
+        const int high_shift = 2 * group;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const unsigned low = low_words[k] >> low_shift;
+            const unsigned high = high_words[k] >> high_shift;
+            q[2 * k] = float(int((low & 0xF) | ((high & 3) << 4)) - 32);
+            q[2 * k + 1] = float(int(((low >> 8) & 0xF) | (((high >> 8) & 3) << 4)) - 32);
+        }
+    }
+};
+
 // VALUES consecutive activations: 16-byte loads when the chunk allows (the launcher checked alignment).
 template <int VALUES>
 __device__ __forceinline__ void load_activations(const float* x, float (&v)[VALUES]) {
@@ -240,7 +322,8 @@ extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* 
     const long long bytes = row_bytes(type, in_features);
     if (bytes < 0)
         return minfer_refuse(
-            "type must be F32, F16, Q4_0, Q4_1 or Q8_0, and in_features a multiple of 32 for Q4_0/Q4_1/Q8_0");
+            "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a multiple of 32 for "
+            "Q4_0/Q4_1/Q5_0/Q8_0 or of 256 for Q4_K/Q6_K");
     if (!is_aligned(weight, 4)) return minfer_refuse("weight must be 4-byte aligned");
     if (n_tokens == 1 && minfer_gemv_supports(type, weight, x, in_features))
         return launch_gemv(weight, type, x, nullptr, 0.0f, nullptr, y, in_features, out_features, stream);
@@ -263,6 +346,10 @@ extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* 
     switch (type) {
         case GGML_Q4_0: return launch_format<Q4_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         case GGML_Q4_1: return launch_format<Q4_1>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
-        default: return launch_format<Q8_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q5_0: return launch_format<Q5_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q8_0: return launch_format<Q8_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q4_K: return launch_format<Q4_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q6_K: return launch_format<Q6_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        default: return minfer_refuse("no matmul kernel for this GGML type");
     }
 }

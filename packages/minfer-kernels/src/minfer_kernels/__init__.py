@@ -53,7 +53,10 @@ class GGMLType(enum.IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
     Q8_0 = 8
+    Q4_K = 12
+    Q6_K = 14
 
 
 def row_bytes(ggml_type: int, n_values: int) -> int:
@@ -62,7 +65,8 @@ def row_bytes(ggml_type: int, n_values: int) -> int:
     if nbytes < 0:
         raise ValueError(
             f"GGML type {ggml_type} with {n_values} values per row: not a type the kernels read "
-            "(F32, F16, Q4_0, Q4_1, Q8_0), or not a whole number of 32-value blocks"
+            "(F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), or not a whole number of its blocks "
+            "(32 values; 256 for Q4_K and Q6_K)"
         )
     return nbytes
 

@@ -75,26 +75,6 @@ class TensorInfo:
         return self.data.reshape(-1).view(np.uint8)
 
 
-def stack_rows(name: str, parts: list[TensorInfo]) -> TensorInfo:
-    """One tensor made of the rows of `parts`, in order, in their stored bytes (still quantized).
-
-    This is how the fused decode graph gets Q|K|V and gate|up as one weight: one kernel then reads all
-    of their rows. The parts must share a type and a row length (vectors, like biases, are simply
-    concatenated). The result is a copy in memory, not a view of the file; its offset is -1.
-    """
-    names = [part.name for part in parts]
-    if len({part.qtype for part in parts}) != 1:
-        raise ValueError(f"cannot stack {names} into '{name}': their types differ")
-    if len({part.shape[:-1] for part in parts}) != 1:
-        raise ValueError(f"cannot stack {names} into '{name}': their row lengths differ")
-    first = parts[0]
-    shape = (*first.shape[:-1], sum(part.shape[-1] for part in parts))  # GGUF order: rows on the last axis
-    data = np.concatenate([part.data.reshape(-1) for part in parts])
-    if len(shape) > 1:
-        data = data.reshape(sum(part.rows for part in parts), -1)
-    return TensorInfo(name, shape, first.qtype, data, -1, sum(part.nbytes for part in parts))
-
-
 class _ValidatingReader(GGUFReader):
     """The gguf reader, with every tensor's type and bounds checked before any view is built."""
 

@@ -74,7 +74,7 @@ class Backend(ABC):
         """Make every named tensor of `gguf` available to the kernels.
 
         Each `stacked` entry names a tensor that is not in the file: the rows of its parts (which are in
-        `names`), in order (gguf_file.stack_rows). The parts stay available under their own names.
+        `names`), in order (ModelConfig.stacked_tensors). The parts stay available under their own names.
         """
 
     @abstractmethod

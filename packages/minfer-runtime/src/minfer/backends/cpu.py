@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from minfer.backends.base import Backend, CompiledGraph, LoadProgress, ProgressCallback
-from minfer.gguf_file import GGUFFile, stack_rows
+from minfer.gguf_file import GGUFFile
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 from minfer.quants import dequantize
@@ -229,8 +229,9 @@ class CpuBackend(Backend):
         report = LoadProgress(gguf, names, progress)
         in_a_stack = set()
         for name, parts in (stacked or {}).items():
-            # Dequantized once, stacked; the parts are views of its rows, so nothing is held twice.
-            values = self.weights[name] = dequantize(stack_rows(name, [gguf.tensor(part) for part in parts]))
+            # Dequantized once, stacked; the parts are views of its rows, so nothing is held twice. The parts
+            # may be of different types (Q4_K_M stores attn_v with more bits than attn_q): float32 either way.
+            values = self.weights[name] = np.concatenate([dequantize(gguf.tensor(part)) for part in parts])
             first_row = 0
             for part in parts:
                 rows = gguf.tensor(part).shape[-1]

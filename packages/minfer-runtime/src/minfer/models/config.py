@@ -40,8 +40,9 @@ class ModelConfig:
     rms_eps: float
     tied_output: bool
     qkv_bias: bool
-    # One-token graphs use the fused ops over stacked weights (stacked_tensors); that needs each stack's
-    # parts to share one GGML type, which from_gguf checks.
+    # One-token graphs use the fused ops over stacked weights (stacked_tensors). The fused gate/up kernel
+    # reads both with one format, so gate and up must share a GGML type, which from_gguf checks; Q, K and
+    # V may differ (the Q4_K_M mix gives attn_v more bits).
     fuse_decode: bool = True
 
     @property
@@ -86,10 +87,11 @@ class ModelConfig:
             qkv_bias="blk.0.attn_q.bias" in gguf.tensors,
         )
         config.check(gguf)
-        stackable = all(
-            len({gguf.tensor(part).qtype for part in parts}) == 1 for parts in config.stacked_tensors().values()
+        gate_up_match = all(
+            gguf.tensor(f"blk.{layer}.ffn_gate.weight").qtype == gguf.tensor(f"blk.{layer}.ffn_up.weight").qtype
+            for layer in range(config.n_layers)
         )
-        return replace(config, fuse_decode=stackable)
+        return replace(config, fuse_decode=gate_up_match)
 
     def check(self, gguf: GGUFFile) -> None:
         """Refuse a file whose hyperparameters or tensors do not fit together, naming the culprit."""
@@ -135,8 +137,9 @@ class ModelConfig:
     def stacked_tensors(self) -> dict[str, tuple[str, ...]]:
         """The tensors the fused decode graph reads that no file holds, each the rows of its parts in order.
 
-        Backends build them when they load the weights (gguf_file.stack_rows: still in the file's
-        format), so one kernel reads Q, K and V, or gate and up, as one matrix.
+        Backends provide them when they load the weights: the CPU backend as one float32 matrix (the
+        parts are views of its rows), the CUDA backend as the list of its parts, which one kernel reads
+        together (each in its own format).
         """
         stacks: dict[str, tuple[str, ...]] = {}
         for layer in range(self.n_layers):

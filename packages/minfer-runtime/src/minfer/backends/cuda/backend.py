@@ -25,7 +25,7 @@ from minfer.backends.base import Backend, CompiledGraph, LoadProgress, ProgressC
 from minfer.backends.cuda.memory import Readback, ScratchPool, StagingRing, WeightRegistry, allocate
 from minfer.backends.cuda.timing import OpTimer
 from minfer.errors import BackendError
-from minfer.gguf_file import GGUFFile, TensorInfo, stack_rows
+from minfer.gguf_file import GGUFFile, TensorInfo
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 
@@ -36,7 +36,10 @@ KERNEL_TYPES = frozenset(
         GGMLQuantizationType.F16,
         GGMLQuantizationType.Q4_0,
         GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q6_K,
     }
 )
 MAX_ROWS_PER_LAUNCH = 65535  # rows sit on a grid's y axis
@@ -44,9 +47,6 @@ MAX_ROWS_PER_LAUNCH = 65535  # rows sit on a grid's y axis
 # one after the other (~0.15 us a row in the microbenchmark), so 64 splits keep a 2048-token cache at ~32
 # rows a split; at short contexts most splits are empty and cost one wave of idle blocks.
 DECODE_ATTENTION_SPLITS = 64
-# A part of a stacked weight is a view into it when it starts this aligned (what cudaMalloc gives every
-# buffer, so kernels see no difference); otherwise it gets a copy of its own.
-VIEW_ALIGNMENT = 256
 # From this many tokens on, a matmul node runs the tensor-core GEMM instead of the matmul kernel. Measured on
 # the H200 (Q4_0, docs/PERFORMANCE.md): at 16 tokens gemm takes 18 us for ffn_up (matmul 81) and ties on
 # ffn_down (86 vs 84); at 8 tokens matmul still wins ffn_down (45 vs 86), whose long rows suit its per-row
@@ -197,24 +197,29 @@ class CudaCompiledGraph(CompiledGraph):
 
     def bind_norm_swiglu(self, node: Node) -> list[Launch]:
         x, norm_weight, gate_up = node.inputs
-        in_features = gate_up.shape[1]
-        head = (self.ptr(gate_up), self.weight_type(gate_up), self.ptr(x), self.ptr(norm_weight), node.params["eps"])
-        args = (*head, self.ptr(node.output), in_features, node.output.shape[1], self.backend.stream)
+        gate, up = self.backend.stacks[gate_up.name]
+        pointers = (self.backend.weights.ptr(gate), self.backend.weights.ptr(up))
+        kind = int(self.backend.weight_types[gate])  # up's too (CudaBackend.check)
+        head = (*pointers, kind, self.ptr(x), self.ptr(norm_weight), node.params["eps"])
+        args = (*head, self.ptr(node.output), gate_up.shape[1], node.output.shape[1], self.backend.stream)
         return [Launch(mk.kernels.gemv_swiglu, args)]
 
     def bind_norm_qkv_rope_store(self, node: Node) -> list[Launch]:
         x, norm_weight, qkv, positions, *bias = node.inputs
         cache_k, cache_v = node.writes
         p = node.params
-        head = (self.ptr(qkv), self.weight_type(qkv), self.ptr(x), self.ptr(norm_weight), p["eps"])
-        outputs = (self.ptr(bias[0]) if bias else 0, self.ptr(node.output), self.ptr(cache_k), self.ptr(cache_v))
+        weights = self.backend.weights
+        parts = [arg for name in self.backend.stacks[qkv.name] for arg in (weights.ptr(name), self.weight_type(name))]
+        biases = [weights.ptr(name) for name in self.backend.stacks[bias[0].name]] if bias else [0, 0, 0]
+        head = (*parts, self.ptr(x), self.ptr(norm_weight), p["eps"], *biases)
+        outputs = (self.ptr(node.output), self.ptr(cache_k), self.ptr(cache_v), self.ptr(positions))
         heads = (qkv.shape[1], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["rope_dim"], p["theta"])
         mode = mk.kernels.ROPE_NEOX if p["neox"] else mk.kernels.ROPE_NORMAL
-        args = (*head, *outputs, self.ptr(positions), *heads, mode, cache_k.shape[0], self.backend.stream)
+        args = (*head, *outputs, *heads, mode, cache_k.shape[0], self.backend.stream)
         return [Launch(mk.kernels.gemv_qkv_rope_store, args)]
 
-    def weight_type(self, weight: Tensor) -> int:
-        return int(self.backend.weight_types[weight.name])
+    def weight_type(self, weight: Tensor | str) -> int:
+        return int(self.backend.weight_types[weight if isinstance(weight, str) else weight.name])
 
     def bind_last_row(self, node: Node) -> list[Launch]:
         (x,) = node.inputs
@@ -323,6 +328,7 @@ class CudaBackend(Backend):
         self.stream = self.stream_owner.handle
         self.weights = WeightRegistry(self.stream)
         self.weight_types: dict[str, GGMLQuantizationType] = {}
+        self.stacks: dict[str, tuple[str, ...]] = {}  # stacked weight -> its parts, in order
         self.states: dict[str, mk.DeviceBuffer] = {}
         self.pool = ScratchPool()
         self.staging = StagingRing(self.stream)
@@ -347,25 +353,13 @@ class CudaBackend(Backend):
                     f"cuda: tensor '{tensor.name}' is {tensor.qtype.name}; the CUDA kernels read "
                     f"{', '.join(sorted(t.name for t in KERNEL_TYPES))} (use --backend cpu for this model)"
                 )
+        # A stacked weight is not built on the device: its parts are registered under their own names and
+        # the fused kernels take the parts (each in its own format) — see stacks.
+        self.stacks.update(stacked or {})
         report = LoadProgress(gguf, names, progress)
-        in_a_stack = set()
-        for name, parts in (stacked or {}).items():
-            self.register(stack_rows(name, [gguf.tensor(part) for part in parts]))
-            offset = 0
-            for part in parts:
-                tensor = gguf.tensor(part)
-                if offset % VIEW_ALIGNMENT == 0:
-                    self.weights.register_view(part, name, offset)
-                    self.weight_types[part] = tensor.qtype
-                else:
-                    self.register(tensor)
-                offset += tensor.nbytes
-                in_a_stack.add(part)
-                report.loaded(part)
         for name in names:
-            if name not in in_a_stack:
-                self.register(gguf.tensor(name))
-                report.loaded(name)
+            self.register(gguf.tensor(name))
+            report.loaded(name)
         mk.sync(self.stream)
 
     def register(self, tensor: TensorInfo) -> None:
@@ -404,16 +398,22 @@ class CudaBackend(Backend):
         if rows > MAX_ROWS_PER_LAUNCH:
             raise refuse(f"{rows} rows exceed the {MAX_ROWS_PER_LAUNCH} a launch can cover")
         for tensor in node.inputs:
-            if tensor.kind is TensorKind.WEIGHT and tensor.name not in self.weights:
+            parts = self.stacks.get(tensor.name, (tensor.name,))
+            if tensor.kind is TensorKind.WEIGHT and not all(part in self.weights for part in parts):
                 raise refuse(f"weight '{tensor.name}' is not in the weight registry")
             if tensor.kind is TensorKind.STATE and tensor.name not in self.states:
                 raise refuse(f"state '{tensor.name}' is not allocated")
         if node.op in WEIGHT_INPUT:
             weight = node.inputs[WEIGHT_INPUT[node.op]]
-            try:
-                mk.row_bytes(int(self.weight_types[weight.name]), weight.shape[1])
-            except ValueError as exc:
-                raise refuse(str(exc)) from None
+            for part in self.stacks.get(weight.name, (weight.name,)):
+                try:
+                    mk.row_bytes(int(self.weight_types[part]), weight.shape[1])
+                except ValueError as exc:
+                    raise refuse(f"weight '{part}': {exc}") from None
+        if node.op is Op.NORM_SWIGLU:
+            gate, up = self.stacks[node.inputs[2].name]
+            if self.weight_types[gate] != self.weight_types[up]:
+                raise refuse(f"'{gate}' and '{up}' differ in type; the fused gate/up kernel reads one format")
         if node.op in FUSED_OPS:
             if rows != 1:
                 raise refuse(f"fused op '{node.op.value}' runs one token; this node has {rows}")

@@ -33,19 +33,15 @@ class WeightRegistry:
     stay valid). With a different size the old buffer is retired, not freed: a captured graph may still
     point at it, and freeing it would be a use-after-free on the next replay. That is a deliberate,
     bounded leak — at most one old buffer per replacement, counted in `retired_bytes`.
-
-    A name can also be a view: bytes of another registered weight from an offset on. The parts of a
-    stacked weight (Q, K and V inside Q|K|V) are views of it, so no byte is uploaded twice.
     """
 
     def __init__(self, stream: int) -> None:
         self.stream = stream
         self.buffers: dict[str, mk.DeviceBuffer] = {}
-        self.views: dict[str, tuple[str, int]] = {}  # name -> (registered weight, byte offset)
         self.retired: list[mk.DeviceBuffer] = []
 
     def __contains__(self, name: str) -> bool:
-        return name in self.buffers or name in self.views
+        return name in self.buffers
 
     @property
     def retired_bytes(self) -> int:
@@ -54,7 +50,6 @@ class WeightRegistry:
     def register(self, name: str, data: np.ndarray) -> mk.DeviceBuffer:
         """Upload `data` (a contiguous byte view of the GGUF tensor) under `name`; returns its buffer."""
         data = data.reshape(-1).view(np.uint8)
-        self.views.pop(name, None)
         buffer = self.buffers.get(name)
         if buffer is None or buffer.nbytes != data.nbytes:
             if buffer is not None:
@@ -64,17 +59,7 @@ class WeightRegistry:
         buffer.copy_from_host(data, self.stream)
         return buffer
 
-    def register_view(self, name: str, base: str, offset: int) -> None:
-        """Make `name` the bytes of the registered weight `base` from byte `offset` on."""
-        replaced = self.buffers.pop(name, None)
-        if replaced is not None:
-            self.retired.append(replaced)  # a captured graph may still point at it
-        self.views[name] = (base, offset)
-
     def ptr(self, name: str) -> int:
-        if name in self.views:
-            base, offset = self.views[name]
-            return self.buffers[base].ptr + offset
         return self.buffers[name].ptr
 
 
