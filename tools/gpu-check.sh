@@ -13,7 +13,8 @@
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
 # MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
 # MINFER_GPU_CHECK_ONLY (a comma-separated subset of the steps after the build, for a quick iteration:
-# kernels, memcheck, microbench, runtime, run-memcheck, bench, bench-eager, depth, op-timing, llama-bench;
+# kernels, memcheck, microbench, runtime, run-memcheck, bench, bench-eager, depth, op-timing, llama-bench,
+# profile;
 # default: every step), MINFER_BENCH_TYPES (weight types of the benchmark models, default Q4_0 Q8_0),
 # LLAMA_BENCH (a llama-bench binary: the llama-bench step runs it on the same models, for a same-call
 # comparison; the step is skipped without it).
@@ -145,7 +146,8 @@ if run_step "install minfer-runtime" runtime-install.log \
     mkdir -p "$BENCH_DIR"
     for weight_type in ${MINFER_BENCH_TYPES:-Q4_0 Q8_0}; do
         model="$BENCH_DIR/qwen2.5-0.5b-$weight_type.gguf"
-        if ! wanted bench && ! wanted bench-eager && ! wanted depth && ! wanted op-timing && ! wanted llama-bench; then
+        if ! wanted bench && ! wanted bench-eager && ! wanted depth && ! wanted op-timing && ! wanted llama-bench \
+            && ! wanted profile; then
             continue  # no step below reads the benchmark models
         fi
         [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset qwen2.5-0.5b --weight-type "$weight_type"
@@ -175,6 +177,17 @@ if run_step "install minfer-runtime" runtime-install.log \
         run_step "llama-bench Q4_0 at depth 2048 (llama.cpp)" bench-Q4_0-depth-llama.cpp.log \
             "$LLAMA_BENCH" -m "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" -p 512 -n 128 -d 2048 -fa 1 -ngl 99 \
             -r "${MINFER_BENCH_REPS:-5}"
+    fi
+    # Where a decode step's GPU time goes, kernel by kernel (Nsight Compute times each decode kernel alone,
+    # without the overlap of programmatic dependent launch): at an empty cache and at depth 2048.
+    if wanted profile && command -v ncu >/dev/null; then
+        for depth in 0 2048; do
+            run_step "ncu kernel times, Q4_0 decode at depth $depth" "profile-d$depth.log" \
+                ncu --clock-control none --print-summary per-kernel --metrics gpu__time_duration.sum \
+                -k "regex:gemv|attention_decode|argmax|embed" -c 400 \
+                "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda -p 16 -n 16 \
+                -d "$depth" --ctx-size 4096 -r 1
+        done
     fi
     wanted op-timing && run_step "op timing, Q4_0 decode" op-timing.log \
         env MINFER_OP_TIMING=1 "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda \

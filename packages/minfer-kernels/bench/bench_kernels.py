@@ -184,10 +184,14 @@ def main() -> None:
             )
         )  # fmt: skip
 
-    attention_case(1024, 16)
+    # Short caches (one split of 32+ rows), and depth 2048 with the backend's 64 splits against fewer or more.
+    for kv_len, n_splits in ((64, 64), (128, 64), (1024, 16), (2048, 16), (2048, 32), (2048, 64), (2048, 128)):
+        attention_case(kv_len, n_splits)
     attention_case(4096, 32)
     logits, index = floats(VOCAB), floats(1)
-    cases.append(("argmax 151936", 4 * VOCAB, lambda: kernels.argmax_f32(logits, index, 1, VOCAB, h)))
+    argmax_space = mk.DeviceBuffer(kernels.argmax_workspace_bytes(1, VOCAB))  # zeroed, as argmax needs
+    keep.append(argmax_space)
+    cases.append(("argmax 151936", 4 * VOCAB, lambda: kernels.argmax_f32(logits, index, argmax_space.ptr, 1, VOCAB, h)))
 
     device_name = mk.devices()[0].name
     print(f"minfer-kernels microbench on {device_name} ({REPEATS} launches per case)")

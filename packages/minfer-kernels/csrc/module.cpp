@@ -211,6 +211,8 @@ void bind_runtime(nb::module_& m) {
 void bind_kernels(nb::module_& k) {
     k.def("row_bytes", &minfer_row_bytes, "type"_a, "n_values"_a,
           "Bytes of one GGUF row of n_values values of GGML type `type`; -1 when unsupported or not whole blocks.");
+    k.def("argmax_workspace_bytes", &argmax_workspace_bytes, "rows"_a, "n"_a,
+          "Bytes of the workspace argmax_f32 needs.");
     k.def("attention_decode_workspace_bytes", &attention_decode_workspace_bytes, "n_heads"_a, "head_dim"_a,
           "n_splits"_a, "Bytes of the workspace attention_decode_f32 needs.");
 
@@ -286,8 +288,9 @@ void bind_kernels(nb::module_& k) {
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
                     "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "stream"_a);
     MINFER_LAUNCHER(k, "argmax_f32", launch_argmax_f32,
-                    "out[r] = argmax x[r] (int32, lowest index on ties) over [rows][n].", "x"_a, "out"_a, "rows"_a,
-                    "n"_a, "stream"_a);
+                    "out[r] = argmax x[r] (int32, lowest index on ties) over [rows][n]; `workspace`: "
+                    "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",
+                    "x"_a, "out"_a, "workspace"_a, "rows"_a, "n"_a, "stream"_a);
 }
 
 // The Python class minfer_kernels.CudaError, held for the life of the process: never released, since

@@ -6,25 +6,39 @@ import numpy as np
 import pytest
 from kernel_testing import INT_POISON, SIZES, from_device, poisoned, randn, requires_gpu
 
+import minfer_kernels as mk
 from minfer_kernels import kernels
 
 pytestmark = requires_gpu
 
 
+def workspace(rows: int, n: int) -> mk.DeviceBuffer:
+    return mk.DeviceBuffer(kernels.argmax_workspace_bytes(rows, n))  # zeroed, as the kernel needs
+
+
 @pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("n", [*SIZES, 151936])
 def test_argmax(rng, stream, dev, n, rows):
     x = randn(rng, rows, n, scale=5.0)
     out = poisoned(rows, np.int32, stream)
-    kernels.argmax_f32(dev(x), out.ptr, rows, n, stream.handle)
+    kernels.argmax_f32(dev(x), out.ptr, workspace(rows, n).ptr, rows, n, stream.handle)
     got = from_device(out, rows, np.int32, stream)
     assert INT_POISON not in got
     assert np.array_equal(got, np.argmax(x, axis=1))
+
+
+def test_argmax_reuses_its_workspace(rng, stream, dev):
+    # The last block of a row resets the row's counter: the same workspace serves the next launch.
+    space, out = workspace(2, 151936), poisoned(2, np.int32, stream)
+    for seed in range(3):
+        x = randn(np.random.default_rng(seed), 2, 151936)
+        kernels.argmax_f32(dev(x), out.ptr, space.ptr, 2, 151936, stream.handle)
+        assert np.array_equal(from_device(out, 2, np.int32, stream), np.argmax(x, axis=1))
 
 
 def test_argmax_ties_go_to_the_lowest_index(rng, stream, dev):
     x = randn(rng, 1, 151936)
     x[0, [70_001, 3_333, 151_935]] = x.max() + 1.0  # three equal maxima, far apart
     out = poisoned(1, np.int32, stream)
-    kernels.argmax_f32(dev(x), out.ptr, 1, 151936, stream.handle)
+    kernels.argmax_f32(dev(x), out.ptr, workspace(1, 151936).ptr, 1, 151936, stream.handle)
     assert from_device(out, 1, np.int32, stream)[0] == 3_333 == np.argmax(x)

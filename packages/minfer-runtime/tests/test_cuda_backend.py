@@ -95,6 +95,14 @@ def test_graph_replay_on_and_off_give_identical_tokens(synthetic_model, monkeypa
     assert with_replay == without_replay
 
 
+def test_prompt_graphs_are_never_captured(synthetic_model):
+    engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
+    for _ in range(4):
+        engine.forward([5, 6, 7], 0)
+    prompt = engine.program(3).compiled
+    assert prompt.runs == 4 and prompt.cuda_graph is None
+
+
 def test_three_turn_chat_equals_rerunning_the_conversation(synthetic_model):
     path = synthetic_model(SPECS["llama"], "Q8_0", 1)
     engine = minfer.load(path, backend="cuda", ctx_size=512)

@@ -23,9 +23,9 @@
 // the lanes multiply by x * g, add up x^2 on the way (they read every value of x exactly once per group),
 // and the group scales its sums by inv_rms at the end. No block-wide reduction before the product.
 //
-// Formats are picked at run time per group (a switch over the type, uniform across the group), so one
-// launch can read parts of different types: the Q4_K_M mix stores attn_q and attn_k in one type and
-// attn_v in another, and the fused QKV projection still is one kernel.
+// A launch over parts of different types picks the format per group at run time (a switch over the type,
+// uniform across the group): the Q4_K_M mix stores attn_q and attn_k in one type and attn_v in another,
+// and the fused QKV projection still is one kernel. Launches of one type are compiled for it.
 //
 // Decoding without integer-to-float conversions (a quarter-rate instruction): a 4- to 8-bit value is
 // OR-ed into the low mantissa bits of the half 1024.0 (bits 0x6400), which gives the half 1024 + value
@@ -39,6 +39,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -397,6 +398,11 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
     }
     wait_for_previous_kernel();
     allow_next_kernel();
+    // The thread that finishes loads what its epilogue needs now, so those loads (the position, biases,
+    // residuals) and the RoPE angle overlap the weight loads instead of following the reduction.
+    const bool finishes = warp_in_group == 0 && lane == 0;
+    typename Epilogue::Prepared prepared{};
+    if (finishes) prepared = epilogue.prepare(group);
 
     float partial[ROWS] = {};
     float x_squares = 0.0f;
@@ -443,7 +449,7 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
             for (int w = 0; w < in.warps_per_group; ++w) sums[k] += warp_sums[w][k];
         }
     }
-    if (lane != 0) return;
+    if (!finishes) return;
     if (in.norm_weight != nullptr) {
         const float inv_rms = 1.0f / sqrtf(sums[ROWS] / float(in.in_features) + in.eps);
 #pragma unroll
@@ -452,12 +458,17 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
     float result[ROWS];
 #pragma unroll
     for (int k = 0; k < ROWS; ++k) result[k] = sums[k];
-    epilogue.finish(group, result);
+    epilogue.finish(group, result, prepared);
 }
+
+// The format of a launch whose groups differ in type (a QKV projection over parts of different types):
+// each group reads its type at run time. Every other launch is compiled for its one format, so its
+// registers are what that format needs, not the most any format needs.
+struct FormatPerGroup {};
 
 // Block: GROUPS_PER_BLOCK warps that own a group each, or warps_per_group warps sharing one group;
 // blockIdx.x: which groups.
-template <class Epilogue>
+template <class Format, class Epilogue>
 __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in, Epilogue epilogue) {
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -470,23 +481,29 @@ __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in,
         allow_next_kernel();
         return;
     }
-    switch (epilogue.type(group)) {
-        case GGML_F32: gemv_group<GemvF32>(in, epilogue, group, warp_in_group, lane); break;
-        case GGML_F16: gemv_group<GemvF16>(in, epilogue, group, warp_in_group, lane); break;
-        case GGML_Q4_0: gemv_group<GemvQ4_0>(in, epilogue, group, warp_in_group, lane); break;
-        case GGML_Q4_1: gemv_group<GemvQ4_1>(in, epilogue, group, warp_in_group, lane); break;
-        case GGML_Q5_0: gemv_group<GemvQ5_0>(in, epilogue, group, warp_in_group, lane); break;
-        case GGML_Q8_0: gemv_group<GemvQ8_0>(in, epilogue, group, warp_in_group, lane); break;
-        case GGML_Q4_K: gemv_group<GemvQ4_K>(in, epilogue, group, warp_in_group, lane); break;
-        default: gemv_group<GemvQ6_K>(in, epilogue, group, warp_in_group, lane); break;  // checked at launch
+    if constexpr (!std::is_same_v<Format, FormatPerGroup>) {
+        gemv_group<Format>(in, epilogue, group, warp_in_group, lane);
+    } else {
+        switch (epilogue.type(group)) {
+            case GGML_F32: gemv_group<GemvF32>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_F16: gemv_group<GemvF16>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q4_0: gemv_group<GemvQ4_0>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q4_1: gemv_group<GemvQ4_1>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q5_0: gemv_group<GemvQ5_0>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q8_0: gemv_group<GemvQ8_0>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q4_K: gemv_group<GemvQ4_K>(in, epilogue, group, warp_in_group, lane); break;
+            default: gemv_group<GemvQ6_K>(in, epilogue, group, warp_in_group, lane); break;  // checked at launch
+        }
     }
 }
 
 // ---- Epilogues ---------------------------------------------------------------------------------------------
 //
 // Each says how many groups there are, which ROWS rows of which weight group g reads (row(g, k): always a
-// valid row, so no lane needs a bounds check), their type and row length, and what becomes of their dot
-// products (finish, run by one thread).
+// valid row, so no lane needs a bounds check), their row length (and, for a launch of mixed types, their
+// type), and what becomes of their dot
+// products: prepare (run by the finishing thread right after the wait for the previous kernel: the
+// epilogue's own loads) and finish (run by that thread with the group's sums).
 
 // A weight as the kernels get it: GGUF bytes, type, rows of row_bytes bytes.
 struct WeightPart {
@@ -499,22 +516,39 @@ struct WeightPart {
 
 // y[row] = (W x)[row] (+ residual[row]) for ROWS consecutive rows. y may be residual itself (the add in
 // place): each element is read and then written by the same thread, so neither pointer is __restrict__.
-template <int ROWS_PER_GROUP>
+// Whether there is a residual is compiled in, so the output head (none) holds no registers for one.
+template <int ROWS_PER_GROUP, bool ADD_RESIDUAL>
 struct StoreRows {
     static constexpr int ROWS = ROWS_PER_GROUP;
     WeightPart weight;
     float* y;
-    const float* residual;  // nullptr: nothing to add
+    const float* residual;  // read only when ADD_RESIDUAL
     int n_groups;
 
-    __device__ int type(int) const { return weight.type; }
     __device__ long long row_bytes(int) const { return weight.row_bytes; }
     __device__ const std::uint8_t* row(int group, int k) const { return weight.row(group * ROWS + k); }
-    __device__ void finish(int group, const float (&sums)[ROWS]) const {
+
+    struct Prepared {
+        float residual[ADD_RESIDUAL ? ROWS : 1];
+    };
+    __device__ Prepared prepare(int group) const {
+        Prepared prepared{};
+        if constexpr (ADD_RESIDUAL) {
+#pragma unroll
+            for (int k = 0; k < ROWS; ++k) prepared.residual[k] = residual[min(group * ROWS + k, weight.n_rows - 1)];
+        }
+        return prepared;
+    }
+    __device__ void finish(int group, const float (&sums)[ROWS], const Prepared& prepared) const {
 #pragma unroll
         for (int k = 0; k < ROWS; ++k) {
             const int row = group * ROWS + k;
-            if (row < weight.n_rows) y[row] = residual != nullptr ? residual[row] + sums[k] : sums[k];
+            if (row >= weight.n_rows) continue;
+            if constexpr (ADD_RESIDUAL) {
+                y[row] = prepared.residual[k] + sums[k];
+            } else {
+                y[row] = sums[k];
+            }
         }
     }
 };
@@ -529,13 +563,14 @@ struct GateUpSwiglu {
     float* out;
     int n_groups;
 
-    __device__ int type(int) const { return gate.type; }
     __device__ long long row_bytes(int) const { return gate.row_bytes; }
     __device__ const std::uint8_t* row(int group, int k) const {
         const int output = group * OUTPUTS + k % OUTPUTS;
         return k < OUTPUTS ? gate.row(output) : up.row(output);
     }
-    __device__ void finish(int group, const float (&sums)[ROWS]) const {
+    struct Prepared {};
+    __device__ Prepared prepare(int) const { return {}; }
+    __device__ void finish(int group, const float (&sums)[ROWS], const Prepared&) const {
 #pragma unroll
         for (int o = 0; o < OUTPUTS; ++o) {
             const int output = group * OUTPUTS + o;
@@ -561,7 +596,7 @@ struct QkvRopeStore {
     float* v_cache;
     const int* positions;  // positions[0]: where this token's k and v go
     int n_heads, n_kv_heads, head_dim, n_rot, mode, n_ctx;
-    double freq_base;
+    double log2_base;  // log2(freq_base)
     int n_groups;
 
     // Picked by value with selects: indexing an array of kernel parameters would copy it to local memory.
@@ -594,17 +629,29 @@ struct QkvRopeStore {
         return weight(rows.part).row(k == 0 ? rows.first_row : rows.second_row);
     }
 
-    __device__ void finish(int group, const float (&sums)[ROWS]) const {
+    struct Prepared {
+        int position;
+        float bias_first, bias_second;
+        RopeAngle angle;
+    };
+    __device__ Prepared prepare(int group) const {
         const Pair rows = pair(group);
-        const int position = positions[0];
-        if (position < 0 || position >= n_ctx) __trap();
-        float a = sums[0], b = sums[1];
+        Prepared prepared{};
+        prepared.position = positions[0];
+        if (prepared.position < 0 || prepared.position >= n_ctx) __trap();
         if (const float* part_bias = bias(rows.part)) {
-            a += part_bias[rows.first_row];
-            b += part_bias[rows.second_row];
+            prepared.bias_first = part_bias[rows.first_row];
+            prepared.bias_second = part_bias[rows.second_row];
         }
-        if (rows.rope_pair >= 0) rope_rotate(a, b, position, rows.rope_pair, n_rot, freq_base);
-        const std::size_t kv_row = std::size_t(position) * n_kv_heads * head_dim;
+        if (rows.rope_pair >= 0) prepared.angle = rope_angle(prepared.position, rows.rope_pair, n_rot, log2_base);
+        return prepared;
+    }
+
+    __device__ void finish(int group, const float (&sums)[ROWS], const Prepared& prepared) const {
+        const Pair rows = pair(group);
+        float a = sums[0] + prepared.bias_first, b = sums[1] + prepared.bias_second;
+        if (rows.rope_pair >= 0) rope_rotate(a, b, prepared.angle);
+        const std::size_t kv_row = std::size_t(prepared.position) * n_kv_heads * head_dim;
         float* target = rows.part == 0 ? q : (rows.part == 1 ? k_cache + kv_row : v_cache + kv_row);
         target[rows.first_row] = a;
         target[rows.second_row] = b;
@@ -613,8 +660,8 @@ struct QkvRopeStore {
 
 // ---- Launch ------------------------------------------------------------------------------------------------
 
-template <class Epilogue>
-cudaError_t launch_epilogue(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
+template <class Format, class Epilogue>
+cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
     // Rows of up to ~4 steps (896 values: 4) belong to one warp each; longer rows (4864 values: 19 steps)
     // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, all in one batch.
     const int n_steps = ceil_div(input.in_features, STEP_VALUES);
@@ -625,7 +672,22 @@ cudaError_t launch_epilogue(const GemvInput& input, const Epilogue& epilogue, cu
     // per group or warps_per_group warps on one group.
     const int blocks = ceil_div(epilogue.n_groups, groups_per_block);
     const int threads = groups_per_block * in.warps_per_group * WARP_SIZE;
-    return launch_overlapped(gemv<Epilogue>, dim3(blocks), dim3(threads), 0, stream, in, epilogue);
+    return launch_overlapped(gemv<Format, Epilogue>, dim3(blocks), dim3(threads), 0, stream, in, epilogue);
+}
+
+// The launch for weights of one type (`type`, checked by the launcher).
+template <class Epilogue>
+cudaError_t launch_epilogue(int type, const GemvInput& in, const Epilogue& epilogue, cudaStream_t stream) {
+    switch (type) {
+        case GGML_F32: return launch_format<GemvF32>(in, epilogue, stream);
+        case GGML_F16: return launch_format<GemvF16>(in, epilogue, stream);
+        case GGML_Q4_0: return launch_format<GemvQ4_0>(in, epilogue, stream);
+        case GGML_Q4_1: return launch_format<GemvQ4_1>(in, epilogue, stream);
+        case GGML_Q5_0: return launch_format<GemvQ5_0>(in, epilogue, stream);
+        case GGML_Q8_0: return launch_format<GemvQ8_0>(in, epilogue, stream);
+        case GGML_Q4_K: return launch_format<GemvQ4_K>(in, epilogue, stream);
+        default: return launch_format<GemvQ6_K>(in, epilogue, stream);  // the launchers checked the type
+    }
 }
 
 // The alignment each format's loads need from the weight's base address (the row lengths keep it).
@@ -696,11 +758,19 @@ extern "C" cudaError_t launch_gemv(const void* weight, int type, const float* x,
     const WeightPart part = weight_part(weight, type, in_features, out_features);
     // Rows split over warps (ffn_down) take 2 rows per group, so its 896 rows still make few enough blocks
     // for one wave; short rows take 1 row per warp, except the output head's 4.
-    if (ceil_div(in_features, STEP_VALUES) > STEPS_PER_WARP)
-        return launch_epilogue(in, StoreRows<2>{part, y, residual, ceil_div(out_features, 2)}, stream);
-    if (out_features >= MANY_ROWS)
-        return launch_epilogue(in, StoreRows<4>{part, y, residual, ceil_div(out_features, 4)}, stream);
-    return launch_epilogue(in, StoreRows<1>{part, y, residual, out_features}, stream);
+    const int rows = ceil_div(in_features, STEP_VALUES) > STEPS_PER_WARP ? 2 : (out_features >= MANY_ROWS ? 4 : 1);
+    if (residual != nullptr) {
+        switch (rows) {
+            case 1: return launch_epilogue(type, in, StoreRows<1, true>{part, y, residual, out_features}, stream);
+            case 2: return launch_epilogue(type, in, StoreRows<2, true>{part, y, residual, ceil_div(out_features, 2)}, stream);
+            default: return launch_epilogue(type, in, StoreRows<4, true>{part, y, residual, ceil_div(out_features, 4)}, stream);
+        }
+    }
+    switch (rows) {
+        case 1: return launch_epilogue(type, in, StoreRows<1, false>{part, y, nullptr, out_features}, stream);
+        case 2: return launch_epilogue(type, in, StoreRows<2, false>{part, y, nullptr, ceil_div(out_features, 2)}, stream);
+        default: return launch_epilogue(type, in, StoreRows<4, false>{part, y, nullptr, ceil_div(out_features, 4)}, stream);
+    }
 }
 
 extern "C" cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int type, const float* x,
@@ -713,7 +783,7 @@ extern "C" cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int 
     const GemvInput in{x, norm_weight, eps, in_features, 1};
     const GateUpSwiglu epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff),
                                 out, ceil_div(d_ff, GateUpSwiglu::OUTPUTS)};
-    return launch_epilogue(in, epilogue, stream);
+    return launch_epilogue(type, in, epilogue, stream);
 }
 
 extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type,
@@ -748,7 +818,9 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
     epilogue.n_rot = n_rot;
     epilogue.mode = mode;
     epilogue.n_ctx = n_ctx;
-    epilogue.freq_base = double(freq_base);
+    epilogue.log2_base = std::log2(double(freq_base));
     epilogue.n_groups = (q_rows + 2 * kv_rows) / 2;
-    return launch_epilogue(GemvInput{x, norm_weight, eps, in_features, 1}, epilogue, stream);
+    const GemvInput in{x, norm_weight, eps, in_features, 1};
+    if (q_type != k_type || k_type != v_type) return launch_format<FormatPerGroup>(in, epilogue, stream);
+    return launch_epilogue(q_type, in, epilogue, stream);
 }

@@ -76,6 +76,7 @@ cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, c
                                          int head_dim, int n_ctx, cudaStream_t stream);
 
 // sample.cu
-cudaError_t launch_argmax_f32(const float* x, int* out, int rows, int n, cudaStream_t stream);
+std::size_t argmax_workspace_bytes(int rows, int n);
+cudaError_t launch_argmax_f32(const float* x, int* out, void* workspace, int rows, int n, cudaStream_t stream);
 
 }  // extern "C"

@@ -6,6 +6,8 @@
 //
 // Positions come from a device buffer, not from a kernel argument: the same launch (and so a captured
 // graph) serves every decode step; the host only rewrites the positions.
+#include <cmath>
+
 #include "common.cuh"
 #include "launchers.h"
 #include "rope.cuh"
@@ -15,7 +17,7 @@ namespace {
 
 constexpr int ROPE_THREADS = 256;
 
-__global__ void rope_f32(float* x, const int* positions, int n_heads, int head_dim, int n_rot, double freq_base,
+__global__ void rope_f32(float* x, const int* positions, int n_heads, int head_dim, int n_rot, double log2_base,
                          int mode) {
     const int token = blockIdx.y;
     const int half_rot = n_rot / 2;
@@ -29,7 +31,7 @@ __global__ void rope_f32(float* x, const int* positions, int n_heads, int head_d
 
     float* head_x = x + (std::size_t(token) * n_heads + head) * head_dim;
     float a = head_x[first], b = head_x[second];
-    rope_rotate(a, b, positions[token], p, n_rot, freq_base);
+    rope_rotate(a, b, rope_angle(positions[token], p, n_rot, log2_base));
     head_x[first] = a;
     head_x[second] = b;
 }
@@ -47,6 +49,7 @@ extern "C" cudaError_t launch_rope_f32(float* x, const int* positions, int n_tok
     // grid.x: ceil(n_heads * n_rot/2 / 256) blocks over the (head, pair) rotations of one token, one
     // thread per pair; grid.y: the token, so n_tokens <= 65535.
     const dim3 grid(ceil_div(n_heads * (n_rot / 2), ROPE_THREADS), n_tokens);
-    rope_f32<<<grid, ROPE_THREADS, 0, stream>>>(x, positions, n_heads, head_dim, n_rot, double(freq_base), mode);
+    rope_f32<<<grid, ROPE_THREADS, 0, stream>>>(x, positions, n_heads, head_dim, n_rot, std::log2(double(freq_base)),
+                                                mode);
     return cudaGetLastError();
 }

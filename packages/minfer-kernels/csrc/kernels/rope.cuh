@@ -5,7 +5,10 @@
 //     theta = position * freq_base^(-2p / n_rot).
 // Which two dimensions form pair p is the caller's business (the mode, below). The angle is computed in
 // double precision: positions reach 10^5 and a float32 product position * frequency is then off by up to
-// ~10^-2 radians. The rotation itself is float32.
+// ~10^-2 radians. It is reduced to [-pi, pi] in double too (|theta| < 2^31 here, so the error of the
+// reduction stays below 10^-9), and only then handed to float32 sine and cosine, which are short and
+// accurate on that interval: double-precision pow and sincos are long dependent chains, and in the fused
+// QKV kernel they sat on every block's critical path. The rotation itself is float32.
 #pragma once
 
 namespace minfer {
@@ -16,13 +19,24 @@ namespace minfer {
 constexpr int ROPE_NORMAL = 0;
 constexpr int ROPE_NEOX = 2;
 
-__device__ __forceinline__ void rope_rotate(float& a, float& b, int position, int p, int n_rot, double freq_base) {
-    const double theta = double(position) * pow(freq_base, -2.0 * p / n_rot);
-    double sin_theta, cos_theta;
-    sincos(theta, &sin_theta, &cos_theta);
-    const float c = float(cos_theta), s = float(sin_theta);
-    const float rotated_a = a * c - b * s;
-    b = a * s + b * c;
+struct RopeAngle {
+    float cos, sin;
+};
+
+// The angle of pair p at `position`; log2_base = log2(freq_base), computed once on the host.
+__device__ __forceinline__ RopeAngle rope_angle(int position, int p, int n_rot, double log2_base) {
+    constexpr double TWO_PI = 6.283185307179586;
+    const double theta = double(position) * exp2(-2.0 * p / n_rot * log2_base);
+    const double turns = rint(theta * (1.0 / TWO_PI));
+    const float reduced = float(fma(-turns, TWO_PI, theta));
+    RopeAngle angle;
+    sincosf(reduced, &angle.sin, &angle.cos);
+    return angle;
+}
+
+__device__ __forceinline__ void rope_rotate(float& a, float& b, RopeAngle angle) {
+    const float rotated_a = a * angle.cos - b * angle.sin;
+    b = a * angle.sin + b * angle.cos;
     a = rotated_a;
 }
 

@@ -4,9 +4,13 @@
 // Ties go to the lowest index, as numpy.argmax does. NaN compares false with everything and is never
 // chosen; a row of NaN only yields index 0.
 //
-// One block per row: each thread scans a strided slice keeping its best (value, index), then the pairs
-// are reduced with warp shuffles and, one pair per warp, through shared memory. The scan reads float4s,
-// four of them per thread before comparing any, so a 151936-value row is ~10 memory round trips, not 150.
+// A row is split over up to ARGMAX_MAX_BLOCKS blocks (one block could only pull ~60 GB/s out of memory:
+// 10 us for a 600 KB row). Each thread scans a strided slice with float4 loads, four in flight before it
+// compares any, keeping its best (value, index); the block reduces its threads' candidates (warp shuffles,
+// then one candidate per warp through shared memory) and writes one candidate to the workspace; the last
+// block of the row to finish (a counter in the workspace, which it resets for the next launch) reduces
+// those and writes the index.
+#include <algorithm>
 #include <cfloat>
 
 #include "common.cuh"
@@ -15,7 +19,10 @@
 namespace minfer {
 namespace {
 
-constexpr int ARGMAX_THREADS = 1024;
+constexpr int ARGMAX_THREADS = 256;
+constexpr int ARGMAX_MAX_BLOCKS = 64;
+constexpr int ARGMAX_VALUES_PER_BLOCK = 4096;  // a block's share of a row, at least
+constexpr int ARGMAX_LOADS = 4;                // float4 loads a thread issues before it compares
 
 struct Best {
     float value;
@@ -37,60 +44,102 @@ __device__ __forceinline__ Best warp_best(Best best) {
     return best;
 }
 
+// The best candidate of the block, in thread 0. Contains __syncthreads(): every thread must call it.
+__device__ __forceinline__ Best block_best(Best best, int n) {
+    __shared__ Best per_warp[ARGMAX_THREADS / WARP_SIZE];
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    best = warp_best(best);
+    __syncthreads();  // a previous call's readers are done with per_warp
+    if (lane == 0) per_warp[warp] = best;
+    __syncthreads();
+    best = lane < ARGMAX_THREADS / WARP_SIZE ? per_warp[lane] : Best{-FLT_MAX, n};
+    return warp_best(best);
+}
+
 // Candidate (value, index) against the best so far, for indices visited in increasing order per thread:
 // `>` keeps the first of equal values.
 __device__ __forceinline__ void consider(Best& best, float value, int index) {
     if (value > best.value || (value == best.value && best.index > index)) best = Best{value, index};
 }
 
-constexpr int ARGMAX_LOADS = 4;  // float4 loads a thread issues before it compares
-
-__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_f32(const float* __restrict__ x, int* __restrict__ out, int n) {
-    const float* row = x + std::size_t(blockIdx.x) * n;
+// Block (blockIdx.x, row blockIdx.y) scans float4 chunks blockIdx.x * 256 + thread, then + gridDim.x * 256,
+// ... of the row.
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_f32(const float* __restrict__ x, int* __restrict__ out, Best* __restrict__ partials,
+               int* __restrict__ counters, int n) {
+    const int row_index = blockIdx.y;
+    const float* row = x + std::size_t(row_index) * n;
     // Start from "worse than anything": -FLT_MAX loses to every finite value and to +inf, and the index
     // n loses every tie.
     Best best{-FLT_MAX, n};
     const bool vectors = n % 4 == 0 && reinterpret_cast<std::uintptr_t>(row) % 16 == 0;
     const int n_vectors = vectors ? n / 4 : 0;
     const float4* row4 = reinterpret_cast<const float4*>(row);
-    for (int first = threadIdx.x; first < n_vectors; first += ARGMAX_LOADS * blockDim.x) {
+    const int stride = gridDim.x * blockDim.x;
+    for (int first = blockIdx.x * blockDim.x + threadIdx.x; first < n_vectors; first += ARGMAX_LOADS * stride) {
         float4 v[ARGMAX_LOADS];
 #pragma unroll
         for (int u = 0; u < ARGMAX_LOADS; ++u) {
-            const int i = first + u * blockDim.x;
+            const int i = first + u * stride;
             v[u] = i < n_vectors ? row4[i] : make_float4(-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX);
         }
 #pragma unroll
         for (int u = 0; u < ARGMAX_LOADS; ++u) {
-            const int i = 4 * (first + u * blockDim.x);
+            const int i = 4 * (first + u * stride);
             consider(best, v[u].x, i);
             consider(best, v[u].y, i + 1);
             consider(best, v[u].z, i + 2);
             consider(best, v[u].w, i + 3);
         }
     }
-    for (int i = 4 * n_vectors + threadIdx.x; i < n; i += blockDim.x) consider(best, row[i], i);
-    best = warp_best(best);
+    for (int i = 4 * n_vectors + blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) consider(best, row[i], i);
+    best = block_best(best, n);
 
-    __shared__ Best per_warp[ARGMAX_THREADS / WARP_SIZE];
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE;
-    if (lane == 0) per_warp[warp] = best;
-    __syncthreads();
-    if (warp == 0) {
-        best = lane < int(blockDim.x / WARP_SIZE) ? per_warp[lane] : Best{-FLT_MAX, n};
-        best = warp_best(best);
-        if (lane == 0) out[blockIdx.x] = best.index < n ? best.index : 0;
+    // One candidate per block; the block that completes the row's count reduces them.
+    __shared__ bool merges;
+    Best* row_partials = partials + std::size_t(row_index) * gridDim.x;
+    if (threadIdx.x == 0) {
+        row_partials[blockIdx.x] = best;
+        __threadfence();
+        merges = atomicAdd(&counters[row_index], 1) == int(gridDim.x) - 1;
+        if (merges) atomicExch(&counters[row_index], 0);  // ready for the next launch
     }
+    __syncthreads();
+    if (!merges) return;
+    __threadfence();
+    best = Best{-FLT_MAX, n};
+    for (int b = threadIdx.x; b < int(gridDim.x); b += blockDim.x) {
+        // Read through L2, where the other blocks' candidates are.
+        const Best other{__ldcg(&row_partials[b].value), __ldcg(&row_partials[b].index)};
+        best = better(best, other);
+    }
+    best = block_best(best, n);
+    if (threadIdx.x == 0) out[row_index] = best.index < n ? best.index : 0;
 }
+
+int argmax_blocks(int n) { return std::max(1, std::min(ARGMAX_MAX_BLOCKS, ceil_div(n, ARGMAX_VALUES_PER_BLOCK))); }
+
+std::size_t argmax_counter_bytes(int rows) { return (std::size_t(rows) * sizeof(int) + 15) / 16 * 16; }
 
 }  // namespace
 }  // namespace minfer
 
 using namespace minfer;
 
-extern "C" cudaError_t launch_argmax_f32(const float* x, int* out, int rows, int n, cudaStream_t stream) {
-    // grid.x: the row, one block of 1024 threads each; the threads stride over the row's n values.
-    argmax_f32<<<rows, ARGMAX_THREADS, 0, stream>>>(x, out, n);
+extern "C" std::size_t argmax_workspace_bytes(int rows, int n) {
+    return argmax_counter_bytes(rows) + std::size_t(rows) * argmax_blocks(n) * sizeof(Best);
+}
+
+extern "C" cudaError_t launch_argmax_f32(const float* x, int* out, void* workspace, int rows, int n,
+                                         cudaStream_t stream) {
+    if (rows <= 0 || n <= 0) return minfer_refuse("rows and n must be positive");
+    if (!is_aligned(workspace, 16)) return minfer_refuse("workspace must be 16-byte aligned");
+    auto* counters = static_cast<int*>(workspace);
+    auto* partials = reinterpret_cast<Best*>(static_cast<char*>(workspace) + argmax_counter_bytes(rows));
+    // grid.x: the blocks sharing a row (up to 64, each at least 4096 values); grid.y: the row, so
+    // rows <= 65535. The workspace must start zeroed (every DeviceBuffer does; the kernel leaves it so).
+    const dim3 grid(argmax_blocks(n), rows);
+    argmax_f32<<<grid, ARGMAX_THREADS, 0, stream>>>(x, out, partials, counters, n);
     return cudaGetLastError();
 }

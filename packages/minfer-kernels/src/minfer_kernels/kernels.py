@@ -39,6 +39,7 @@ attention_decode_f32 = _kernels.attention_decode_f32
 attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
 attention_prefill_f32 = _kernels.attention_prefill_f32
 argmax_f32 = _kernels.argmax_f32
+argmax_workspace_bytes = _kernels.argmax_workspace_bytes
 
 __all__ = [
     "ROPE_NEOX",
@@ -46,6 +47,7 @@ __all__ = [
     "add_bias_f32",
     "add_f32",
     "argmax_f32",
+    "argmax_workspace_bytes",
     "attention_decode_f32",
     "attention_decode_workspace_bytes",
     "attention_prefill_f32",

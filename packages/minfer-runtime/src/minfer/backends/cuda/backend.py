@@ -3,11 +3,13 @@
 Compiling a graph checks every node's preconditions (raising an error that names
 the node before anything launches) and binds each node to its kernel launches
 with every pointer resolved, so running is a loop over prepared calls. Runs 1-2
-of a compiled graph launch node by node (warm-up); run 3 is captured into a CUDA
-graph on the backend's own stream (thread-local mode, nothing synchronizes inside
-the window); later runs replay it with one launch. Positions, token ids and the
-KV length are device data written before each run, so one decode graph serves
-every step. MINFER_NO_CUDA_GRAPH=1 turns replay off; MINFER_OP_TIMING=1 times
+of a one-token (decode) graph launch node by node (warm-up); run 3 is captured
+into a CUDA graph on the backend's own stream (thread-local mode, nothing
+synchronizes inside the window); later runs replay it with one launch. Positions,
+token ids and the KV length are device data written before each run, so one
+decode graph serves every step. Prompt graphs always launch node by node: their
+kernels run long enough to hide every launch, and a capture would only add its
+instantiation to a prompt that is rarely repeated. MINFER_NO_CUDA_GRAPH=1 turns replay off; MINFER_OP_TIMING=1 times
 every node with events (and also runs node by node).
 """
 
@@ -83,9 +85,12 @@ class CudaCompiledGraph(CompiledGraph):
         self.slots = [backend.pool.acquire(n, f"scratch buffer {i}") for i, n in enumerate(plan.slot_nbytes)]
         self.inputs = {name: allocate(t.nbytes, f"input '{name}'") for name, t in graph.inputs.items()}
         self.argmax_out = allocate(4, "the argmax result")
+        self.argmax_workspace: mk.DeviceBuffer | None = None  # sized by the first argmax
         self.workspace = allocate(backend.attention_workspace_bytes(graph), "the attention workspace")
         self.launches = [self.bind(node) for node in graph.nodes]
         self.runs = 0
+        tokens = graph.inputs.get("tokens")
+        self.replays = replay_enabled() and tokens is not None and tokens.shape[0] == 1  # decode graphs only
         self.cuda_graph: mk.Graph | None = None
 
     # -- pointers ---------------------------------------------------------------------------------
@@ -240,7 +245,7 @@ class CudaCompiledGraph(CompiledGraph):
             self.launch_timed()
         elif self.cuda_graph is not None:
             self.cuda_graph.launch(stream)
-        elif replay_enabled() and self.runs >= self.WARMUP_RUNS:
+        elif self.replays and self.runs >= self.WARMUP_RUNS:
             mk.begin_capture(stream)
             try:
                 self.launch_all()
@@ -277,7 +282,11 @@ class CudaCompiledGraph(CompiledGraph):
         rows, n = tensor.shape
         if rows != 1:
             raise BackendError(f"cuda: argmax of '{tensor.name}' needs one row, it has {rows}")
-        mk.kernels.argmax_f32(self.ptr(tensor), self.argmax_out.ptr, 1, n, self.backend.stream)
+        needed = mk.kernels.argmax_workspace_bytes(1, n)
+        if self.argmax_workspace is None or self.argmax_workspace.nbytes < needed:
+            self.argmax_workspace = allocate(needed, "the argmax workspace")  # zeroed, as the kernel needs
+        args = (self.ptr(tensor), self.argmax_out.ptr, self.argmax_workspace.ptr, 1, n, self.backend.stream)
+        mk.kernels.argmax_f32(*args)
         return int(self.backend.readback.read(self.argmax_out, 4, np.dtype(np.int32), (1,))[0])
 
     def release(self) -> None:
