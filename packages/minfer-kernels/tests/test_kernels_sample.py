@@ -20,8 +20,8 @@ def workspace(rows: int, n: int) -> mk.DeviceBuffer:
 @pytest.mark.parametrize("n", [*SIZES, 151936])
 def test_argmax(rng, stream, dev, n, rows):
     x = randn(rng, rows, n, scale=5.0)
-    out = poisoned(rows, np.int32, stream)
-    kernels.argmax_f32(dev(x), out.ptr, workspace(rows, n).ptr, rows, n, stream.handle)
+    out, space = poisoned(rows, np.int32, stream), workspace(rows, n)  # held: the kernel writes it
+    kernels.argmax_f32(dev(x), out.ptr, space.ptr, rows, n, stream.handle)
     got = from_device(out, rows, np.int32, stream)
     assert INT_POISON not in got
     assert np.array_equal(got, np.argmax(x, axis=1))
@@ -39,6 +39,6 @@ def test_argmax_reuses_its_workspace(rng, stream, dev):
 def test_argmax_ties_go_to_the_lowest_index(rng, stream, dev):
     x = randn(rng, 1, 151936)
     x[0, [70_001, 3_333, 151_935]] = x.max() + 1.0  # three equal maxima, far apart
-    out = poisoned(1, np.int32, stream)
-    kernels.argmax_f32(dev(x), out.ptr, workspace(1, 151936).ptr, 1, 151936, stream.handle)
+    out, space = poisoned(1, np.int32, stream), workspace(1, 151936)
+    kernels.argmax_f32(dev(x), out.ptr, space.ptr, 1, 151936, stream.handle)
     assert from_device(out, 1, np.int32, stream)[0] == 3_333 == np.argmax(x)
