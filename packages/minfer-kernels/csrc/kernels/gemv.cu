@@ -398,11 +398,11 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
     }
     wait_for_previous_kernel();
     allow_next_kernel();
-    // The thread that finishes loads what its epilogue needs now, so those loads (the position, biases,
-    // residuals) and the RoPE angle overlap the weight loads instead of following the reduction.
+    // The thread that finishes prepares its epilogue (the position, biases, residuals, the RoPE angle)
+    // once the first batch of weight loads is in flight: its loads and arithmetic then overlap theirs,
+    // instead of following the reduction or holding the warp's loads back.
     const bool finishes = warp_in_group == 0 && lane == 0;
     typename Epilogue::Prepared prepared{};
-    if (finishes) prepared = epilogue.prepare(group);
 
     float partial[ROWS] = {};
     float x_squares = 0.0f;
@@ -421,6 +421,7 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
                 for (int k = 0; k < ROWS; ++k) raw[b][k] = Format::load(rows[k], step, lane);
             }
         }
+        if (finishes && first == 0) prepared = epilogue.prepare(group);
 #pragma unroll
         for (int b = 0; b < BATCH; ++b) {
             if (!valid[b]) continue;
