@@ -273,20 +273,16 @@ struct GemvQ4_K {
                 {load_u32(scales), load_u32(scales + 4), load_u32(scales + 8)},
                 load_u32(block->qs + 32 * (lane / 8) + 4 * (lane % 8))};
     }
+    // Scale and min of sub-block s, from the bytes q4_k_scale_min (ggml_formats.cuh) reads.
+    __device__ static void scale_min(const Raw& w, int s, int& scale, int& min) {
+        const int j = s % 4;
+        q4_k_scale_min(byte_of(w.scales, j), byte_of(w.scales, j + 4), byte_of(w.scales, j + 8), s >= 4, scale, min);
+    }
     __device__ static float dot(const Raw& w, const Activations& a, int lane) {
         const int s = 2 * (lane / 8);  // sub-blocks s (run 0) and s + 1 (run 1)
         int scale0, min0, scale1, min1;
-        if (s < 4) {
-            scale0 = byte_of(w.scales, s) & 63;
-            min0 = byte_of(w.scales, s + 4) & 63;
-            scale1 = byte_of(w.scales, s + 1) & 63;
-            min1 = byte_of(w.scales, s + 5) & 63;
-        } else {
-            scale0 = (byte_of(w.scales, s + 4) & 0xF) | ((byte_of(w.scales, s - 4) >> 6) << 4);
-            min0 = (byte_of(w.scales, s + 4) >> 4) | ((byte_of(w.scales, s) >> 6) << 4);
-            scale1 = (byte_of(w.scales, s + 5) & 0xF) | ((byte_of(w.scales, s - 3) >> 6) << 4);
-            min1 = (byte_of(w.scales, s + 5) >> 4) | ((byte_of(w.scales, s + 1) >> 6) << 4);
-        }
+        scale_min(w, s, scale0, min0);
+        scale_min(w, s + 1, scale1, min1);
         const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
         const float2 runs = nibble_dots(w.qs, HALF2_1024, a.v);
         return d_and_dmin.x * (float(scale0) * runs.x + float(scale1) * runs.y) -
