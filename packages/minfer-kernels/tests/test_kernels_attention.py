@@ -91,6 +91,44 @@ def test_decode_attention(rng, stream, dev, n_heads, n_kv_heads, head_dim, kv_le
     assert_close(got, expected, RTOL, scale=np.abs(v_cache[:kv_len]).max(), what="decode attention")
 
 
+@pytest.mark.parametrize("kv_len", [1, 100, 2049])
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv_heads", "head_dim"),
+    [(32, 2, 96), (16, 1, 160), (5, 1, 192), (3, 1, 224)],  # the largest group, head sizes not powers of 2
+)
+def test_decode_attention_odd_head_sizes(rng, stream, dev, n_heads, n_kv_heads, head_dim, kv_len):
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, kv_len)
+    q = randn(rng, 1, n_heads * head_dim, scale=2.0)
+    out = poisoned((1, n_heads * head_dim), np.float32, stream)
+    workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(n_heads, head_dim, 64))
+    kernels.attention_decode_f32(
+        dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr,
+        n_heads, n_kv_heads, head_dim, N_CTX, 64, stream.handle,
+    )  # fmt: skip
+    got = from_device(out, q.shape, np.float32, stream)
+    expected = attention(q, k_cache, v_cache, [kv_len - 1], n_heads, n_kv_heads, head_dim)
+    assert_close(got, expected, RTOL, scale=np.abs(v_cache[:kv_len]).max(), what="decode attention")
+
+
+def test_decode_attention_reuses_its_workspace(rng, stream, dev):
+    """Decode steps share one workspace: the merging block resets its counter for the next launch, whatever
+    the number of splits that launch needs (a graph replays the same workspace every step)."""
+    n_heads, n_kv_heads, head_dim, n_splits = 14, 2, 64, 64
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 4000)
+    k_dev, v_dev = dev(k_cache), dev(v_cache)
+    workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(n_heads, head_dim, n_splits))
+    for kv_len in (4000, 300, 1, 2500, 2500, 65):
+        q = randn(rng, 1, n_heads * head_dim, scale=2.0)
+        out = poisoned(q.shape, np.float32, stream)
+        kernels.attention_decode_f32(
+            dev(q), k_dev, v_dev, out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr,
+            n_heads, n_kv_heads, head_dim, N_CTX, n_splits, stream.handle,
+        )  # fmt: skip
+        got = from_device(out, q.shape, np.float32, stream)
+        expected = attention(q, k_cache, v_cache, [kv_len - 1], n_heads, n_kv_heads, head_dim)
+        assert_close(got, expected, RTOL, scale=np.abs(v_cache[:kv_len]).max(), what=f"decode at kv_len {kv_len}")
+
+
 PREFILL_POSITIONS = {
     "prompt": lambda rng: np.arange(33),
     "one token": lambda rng: np.array([0]),

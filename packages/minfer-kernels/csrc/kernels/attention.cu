@@ -13,9 +13,9 @@
 // merge by the same rescaling, which is what lets decode split a long cache over many blocks
 // (flash-decoding); the last block to finish merges the pieces.
 //
-// Inside a warp, head dimension d lives in lane d % 32, slot d / 32: head_dim / 32 slots, at most 8, so
-// head_dim is a multiple of 32 and at most 256. A row of K or V is then head_dim / 32 coalesced 128-byte
-// loads, and one score q.k is one warp_sum.
+// Both kernels score a row with 8 lanes, each holding head_dim / 32 float4 chunks of it, so head_dim is a
+// multiple of 32 and at most 256: the 8 lanes read a row's 128-byte lines together, and a score is their
+// partial dot products summed by 3 shuffles.
 //
 // Positions (prefill) and the KV length (decode) are read from device buffers: a captured decode graph
 // stays valid while the sequence grows, the host only rewrites those integers. A position or length
@@ -29,11 +29,15 @@
 namespace minfer {
 namespace {
 
-constexpr int MAX_SLOTS = 8;
-constexpr int MAX_HEAD_DIM = MAX_SLOTS * WARP_SIZE;  // 256
+constexpr int MAX_HEAD_DIM = 256;
 constexpr int STORE_THREADS = 256;
-constexpr int DECODE_MAX_GROUP = 16;   // query heads per KV head that decode serves (a warp each)
-constexpr int DECODE_SPLIT_ROWS = 32;  // the fewest cache rows a decode split takes: one per lane
+constexpr int DECODE_THREADS = 256;
+constexpr int DECODE_WARPS = DECODE_THREADS / WARP_SIZE;
+constexpr int DECODE_LANES_PER_ROW = 8;                                      // lanes scoring one cache row
+constexpr int DECODE_ROWS_PER_STEP = DECODE_THREADS / DECODE_LANES_PER_ROW;  // 32 rows scored at once
+constexpr int DECODE_MAX_GROUP = 16;    // query heads per KV head that decode serves (an accumulator each)
+constexpr int DECODE_REDUCE_HEADS = 4;  // heads per pass of the end-of-split reduction (16 KB of shared memory)
+constexpr int DECODE_MERGE_BATCH = 16;  // partial states a merging thread loads at once
 constexpr int MAX_SPLITS = 256;
 constexpr int PREFILL_THREADS = 128;
 constexpr int PREFILL_LANES_PER_QUERY = 8;  // lanes sharing one query: each holds head_dim / 8 dimensions
@@ -61,129 +65,214 @@ __device__ __forceinline__ float warp_max(float value) {
     return value;
 }
 
-// The decode workspace: one counter per KV head (the splits of that head that are done), then the
-// partial states partials[head][split] = {max, denominator, acc[head_dim]}.
+// The decode workspace: one counter per KV head (the splits of that head that are done), then each
+// split's partial state: the accumulators acc[head][split][head_dim] (16-byte aligned, for float4 stores),
+// then the statistics stats[head][split] = {max, denominator}.
 std::size_t decode_counter_bytes(int n_heads) { return (std::size_t(n_heads) * sizeof(int) + 15) / 16 * 16; }
 
-// Decode: one query token. Block (split, kv_head) holds the group_size query heads that share KV head
-// kv_head, one warp each, over one split of the cache rows 0 .. kv_len - 1 (kv_len is read here, so a
-// captured graph serves every step). A split is at least 32 rows, so a short cache is one split and one
-// block per KV head; a long one is cut into gridDim.x splits.
+// The shape of decode's work on one tile of cache rows, per head size. Scoring: 8 lanes share a row, lane
+// `slice` holding its float4 chunks slice, slice + 8, ...; so a step of the block's 256 threads scores 32
+// rows, and a tile is 1 to 4 steps (4 float4 of K per thread below head_dim 128). Accumulating V: thread
+// t holds float4 chunk t % ROW_CHUNKS of the rows t / ROW_CHUNKS, + ROW_GROUPS, ... of the tile.
+template <int HEAD_DIM>
+struct DecodeTile {
+    static constexpr int ROW_CHUNKS = HEAD_DIM / 4;                              // float4 chunks of a row
+    static constexpr int LANE_CHUNKS = ROW_CHUNKS / DECODE_LANES_PER_ROW;       // K chunks a lane scores a row
+    static constexpr int STEPS = HEAD_DIM < 128 ? 128 / HEAD_DIM : 1;           // 32-row steps of a tile
+    static constexpr int ROWS = STEPS * DECODE_ROWS_PER_STEP;                    // rows of a tile
+    static constexpr int ROW_GROUPS = DECODE_THREADS / ROW_CHUNKS;              // threads sharing a V chunk
+    static constexpr int V_ROWS = (ROWS + ROW_GROUPS - 1) / ROW_GROUPS;         // V rows a thread holds a tile
+};
+
+// Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
+// kv_head, over one split of the cache rows 0 .. kv_len - 1 (kv_len is read here, so a captured graph
+// serves every step). A split is at least 32 rows, so a short cache is one split and one block per KV
+// head; a long one is cut into gridDim.x splits (of fewer rows than a tile, if that makes them 32 or more).
 //
-// A warp walks its split 32 rows at a time: lane r scores row r (the whole q.k over head_dim, reading the
-// row's K with float4 loads against q in shared memory), the warp takes the batch's maximum and the
-// weights exp2(score - max), then every lane adds the 32 weighted V rows for its dimensions (lane l holds
-// dimension l, l + 32, ...). All 32 rows' loads of a batch are independent, so they are in flight
-// together; the warps of a block read the same K and V rows, which the first one brings into L1.
+// The block walks its split a tile at a time. Every K and V load of a tile is issued first (one memory
+// round trip per tile; the first tile's overlaps staging q in shared memory). Each K row is read once
+// and scored against every query head of the group (q from shared memory); the scores go to shared
+// memory, a warp per head takes the tile's maximum and turns them into weights exp2(score - max) with the
+// online-softmax rescaling; then each thread adds its V rows, weighted, into one float4 accumulator per
+// head. At the end the threads holding the same chunk sum their accumulators through shared memory.
 //
 // With one split the block writes the output. With several, each writes its partial state; the last
 // block of a KV head to finish (a counter in the workspace, reset by that block for the next launch)
 // merges them: the workspace must start zeroed, as every DeviceBuffer does.
 template <int HEAD_DIM>
-__global__ void __launch_bounds__(DECODE_MAX_GROUP * WARP_SIZE)
+__global__ void __launch_bounds__(DECODE_THREADS)
     attention_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                      float* __restrict__ out, const int* __restrict__ kv_len_ptr, int* __restrict__ counters,
-                     float* __restrict__ partials, int kv_dim, int n_ctx, float score_scale) {
-    constexpr int head_dim = HEAD_DIM;
-    constexpr int n_slots = HEAD_DIM / WARP_SIZE;  // dimensions per lane
-    // Loads a lane keeps in flight (~64 registers): K in float4 chunks of its row (a whole 64-wide row),
-    // V in rows of its dimensions (all 32 rows of a batch at head_dim 64); the merge likewise in splits.
-    constexpr int K_LOADS = HEAD_DIM / 4 < 16 ? HEAD_DIM / 4 : 16;
-    constexpr int V_ROWS = 64 / n_slots < 4 ? 4 : (64 / n_slots > 32 ? 32 : 64 / n_slots);
+                     float4* __restrict__ partial_acc, float2* __restrict__ partial_stats, int group_size, int kv_dim,
+                     int n_ctx, float score_scale) {
+    using Tile = DecodeTile<HEAD_DIM>;
+    constexpr int ROW_CHUNKS = Tile::ROW_CHUNKS;
     const int split = blockIdx.x;
     const int n_splits = gridDim.x;
     const int kv_head = blockIdx.y;
-    const int group_size = blockDim.x / WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    const int head = kv_head * group_size + warp;
+    const int first_head = kv_head * group_size;
 
     // The host writes kv_len before the step; no kernel does, so it may be read before the wait.
     const int kv_len = *kv_len_ptr;
     if (kv_len < 1 || kv_len > n_ctx) __trap();
-    const int rows_per_split = max(DECODE_SPLIT_ROWS, ceil_div(kv_len, n_splits));
+    const int rows_per_split = max(DECODE_ROWS_PER_STEP, ceil_div(kv_len, n_splits));
     const int n_active = ceil_div(kv_len, rows_per_split);
     if (split >= n_active) return;  // a short cache leaves most splits empty
     const int first = split * rows_per_split;
     const int end = min(kv_len, first + rows_per_split);
-    const std::size_t head_offset = std::size_t(kv_head) * head_dim;
+    const float* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
+    const float* v_head = v_cache + std::size_t(kv_head) * HEAD_DIM;
 
     // The cache rows before the newest do not depend on the previous kernel: fetch them into L2 meanwhile.
     constexpr int lines_per_row = HEAD_DIM * int(sizeof(float)) / 128;
-    for (int i = threadIdx.x; i < (end - first) * lines_per_row; i += blockDim.x) {
-        const std::size_t at = std::size_t(first + i / lines_per_row) * kv_dim + head_offset + (i % lines_per_row) * 32;
-        prefetch_l2(k_cache + at);
-        prefetch_l2(v_cache + at);
+    for (int i = threadIdx.x; i < (end - first) * lines_per_row; i += DECODE_THREADS) {
+        const std::size_t at = std::size_t(first + i / lines_per_row) * kv_dim + (i % lines_per_row) * 32;
+        prefetch_l2(k_head + at);
+        prefetch_l2(v_head + at);
     }
     wait_for_previous_kernel();
     allow_next_kernel();
 
-    __shared__ __align__(16) float q_scaled[DECODE_MAX_GROUP][MAX_HEAD_DIM];
-    for (int d = lane; d < head_dim; d += WARP_SIZE) q_scaled[warp][d] = q[std::size_t(head) * head_dim + d] * score_scale;
-    __syncwarp();
-    const float4* q4 = reinterpret_cast<const float4*>(q_scaled[warp]);
+    __shared__ __align__(16) float4 q_scaled[DECODE_MAX_GROUP * ROW_CHUNKS];
+    __shared__ float weights[DECODE_MAX_GROUP][Tile::ROWS];  // a tile's scores, then its softmax weights
+    __shared__ float running_max[DECODE_MAX_GROUP], denominator[DECODE_MAX_GROUP], rescale[DECODE_MAX_GROUP];
+    __shared__ float4 to_reduce[DECODE_REDUCE_HEADS][DECODE_THREADS];
+    if (threadIdx.x < DECODE_MAX_GROUP) {
+        running_max[threadIdx.x] = -INFINITY;
+        denominator[threadIdx.x] = 0.0f;
+    }
 
-    float max_score = -INFINITY, denominator = 0.0f, acc[n_slots] = {};
-    for (int base = first; base < end; base += WARP_SIZE) {
-        // Lanes past the end score a valid row (the last) and then drop it: no lane reads outside the split.
-        const float4* k = reinterpret_cast<const float4*>(k_cache + std::size_t(min(base + lane, end - 1)) * kv_dim +
-                                                          head_offset);
-        float score = 0.0f;
-        // Loads first, products after, K_LOADS float4 at a time: the loads of a batch are in flight together.
+    const int slice = lane % DECODE_LANES_PER_ROW;
+    const int step_row = threadIdx.x / DECODE_LANES_PER_ROW;  // the row of a 32-row step this lane scores
+    const int v_chunk = threadIdx.x % ROW_CHUNKS;
+    const int v_group = threadIdx.x / ROW_CHUNKS;  // >= ROW_GROUPS: no V rows (a head size not dividing 1024)
+    float4 acc[DECODE_MAX_GROUP] = {};
+    for (int tile = first; tile < end; tile += Tile::ROWS) {
+        // Rows past the split's end load its last row, then get weight 0: no thread reads outside the split.
+        float4 k[Tile::STEPS][Tile::LANE_CHUNKS];
 #pragma unroll
-        for (int c0 = 0; c0 < HEAD_DIM / 4; c0 += K_LOADS) {
-            float4 kc[K_LOADS];
+        for (int step = 0; step < Tile::STEPS; ++step) {
+            const int row = min(tile + step * DECODE_ROWS_PER_STEP + step_row, end - 1);
+            const float4* k_row = reinterpret_cast<const float4*>(k_head + std::size_t(row) * kv_dim);
 #pragma unroll
-            for (int c = 0; c < K_LOADS; ++c) kc[c] = k[c0 + c];
+            for (int c = 0; c < Tile::LANE_CHUNKS; ++c) k[step][c] = k_row[c * DECODE_LANES_PER_ROW + slice];
+        }
+        float4 v[Tile::V_ROWS];
 #pragma unroll
-            for (int c = 0; c < K_LOADS; ++c) {
-                const float4 qc = q4[c0 + c];
-                score += (kc[c].x * qc.x + kc[c].y * qc.y) + (kc[c].z * qc.z + kc[c].w * qc.w);
+        for (int i = 0; i < Tile::V_ROWS; ++i) {
+            const int row = min(tile + v_group + i * Tile::ROW_GROUPS, end - 1);
+            v[i] = reinterpret_cast<const float4*>(v_head + std::size_t(row) * kv_dim)[v_chunk];
+        }
+        if (tile == first) {
+            const float4* q_group = reinterpret_cast<const float4*>(q) + std::size_t(first_head) * ROW_CHUNKS;
+            for (int i = threadIdx.x; i < group_size * ROW_CHUNKS; i += DECODE_THREADS) {
+                const float4 value = q_group[i];
+                q_scaled[i] = make_float4(value.x * score_scale, value.y * score_scale, value.z * score_scale,
+                                          value.w * score_scale);
             }
         }
-        if (base + lane >= end) score = -INFINITY;
-        const float new_max = fmaxf(max_score, warp_max(score));  // finite: lane 0's row is always in the split
-        const float weight = exp2f(score - new_max);               // 0 for the dropped rows
-        const float rescale = exp2f(max_score - new_max);          // 0 on the first batch (max_score = -inf)
-        denominator = denominator * rescale + warp_sum(weight);
+        __syncthreads();  // q is staged, and the previous tile's V pass is done with `weights`
+
 #pragma unroll
-        for (int s = 0; s < n_slots; ++s) acc[s] *= rescale;
+        for (int step = 0; step < Tile::STEPS; ++step) {
+            const int tile_row = step * DECODE_ROWS_PER_STEP + step_row;
+            const bool inside = tile + tile_row < end;
+            for (int h = 0; h < group_size; ++h) {
+                float dot = 0.0f;
 #pragma unroll
-        for (int r0 = 0; r0 < WARP_SIZE; r0 += V_ROWS) {
-            float v[V_ROWS][n_slots];
+                for (int c = 0; c < Tile::LANE_CHUNKS; ++c) {
+                    const float4 qc = q_scaled[h * ROW_CHUNKS + c * DECODE_LANES_PER_ROW + slice];
+                    dot += (k[step][c].x * qc.x + k[step][c].y * qc.y) + (k[step][c].z * qc.z + k[step][c].w * qc.w);
+                }
 #pragma unroll
-            for (int r = 0; r < V_ROWS; ++r) {
-                const float* row = v_cache + std::size_t(min(base + r0 + r, end - 1)) * kv_dim + head_offset;
-#pragma unroll
-                for (int s = 0; s < n_slots; ++s) v[r][s] = row[s * WARP_SIZE + lane];
-            }
-#pragma unroll
-            for (int r = 0; r < V_ROWS; ++r) {
-                const float w = __shfl_sync(FULL_WARP, weight, r0 + r);
-#pragma unroll
-                for (int s = 0; s < n_slots; ++s) acc[s] += w * v[r][s];
+                for (int offset = DECODE_LANES_PER_ROW / 2; offset > 0; offset /= 2)
+                    dot += __shfl_xor_sync(FULL_WARP, dot, offset);
+                if (slice == 0) weights[h][tile_row] = inside ? dot : -INFINITY;
             }
         }
-        max_score = new_max;
+        __syncthreads();
+
+        for (int h = warp; h < group_size; h += DECODE_WARPS) {
+            const float old_max = running_max[h];
+            float tile_max = -INFINITY;
+            for (int r = lane; r < Tile::ROWS; r += WARP_SIZE) tile_max = fmaxf(tile_max, weights[h][r]);
+            const float new_max = fmaxf(old_max, warp_max(tile_max));  // finite: the tile's first row is inside
+            float sum = 0.0f;
+            for (int r = lane; r < Tile::ROWS; r += WARP_SIZE) {
+                const float weight = exp2f(weights[h][r] - new_max);  // 0 for the rows past the end
+                weights[h][r] = weight;
+                sum += weight;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float scale = exp2f(old_max - new_max);  // 0 on the first tile (old_max = -inf)
+                rescale[h] = scale;
+                denominator[h] = denominator[h] * scale + sum;
+                running_max[h] = new_max;
+            }
+        }
+        __syncthreads();
+
+        if (v_group < Tile::ROW_GROUPS) {
+#pragma unroll
+            for (int h = 0; h < DECODE_MAX_GROUP; ++h) {
+                if (h >= group_size) break;
+                const float scale = rescale[h];
+                float4 a = make_float4(acc[h].x * scale, acc[h].y * scale, acc[h].z * scale, acc[h].w * scale);
+#pragma unroll
+                for (int i = 0; i < Tile::V_ROWS; ++i) {
+                    const int tile_row = v_group + i * Tile::ROW_GROUPS;
+                    if (tile_row >= Tile::ROWS) break;
+                    const float w = weights[h][tile_row];
+                    a.x += w * v[i].x;
+                    a.y += w * v[i].y;
+                    a.z += w * v[i].z;
+                    a.w += w * v[i].w;
+                }
+                acc[h] = a;
+            }
+        }
     }
 
-    float* head_out = out + std::size_t(head) * head_dim;
-    if (n_active == 1) {
-        const float inverse = 1.0f / denominator;
+    // Sum the accumulators of a chunk's row groups, DECODE_REDUCE_HEADS heads a pass; thread (head, chunk)
+    // then writes the output (one split) or its partial.
+    float4* const out4 = reinterpret_cast<float4*>(out);
 #pragma unroll
-        for (int s = 0; s < n_slots; ++s) head_out[s * WARP_SIZE + lane] = acc[s] * inverse;
-        return;
-    }
-
-    const int stride = head_dim + 2;
-    float* head_partials = partials + std::size_t(head) * n_splits * stride;
-    float* partial = head_partials + std::size_t(split) * stride;
+    for (int pass = 0; pass < DECODE_MAX_GROUP / DECODE_REDUCE_HEADS; ++pass) {
+        const int pass_head = pass * DECODE_REDUCE_HEADS;
+        if (pass_head >= group_size) break;
+        __syncthreads();  // the previous pass's readers are done with to_reduce
+        if (v_group < Tile::ROW_GROUPS) {
 #pragma unroll
-    for (int s = 0; s < n_slots; ++s) partial[2 + s * WARP_SIZE + lane] = acc[s];
-    if (lane == 0) {
-        partial[0] = max_score;
-        partial[1] = denominator;
+            for (int i = 0; i < DECODE_REDUCE_HEADS; ++i) to_reduce[i][threadIdx.x] = acc[pass_head + i];
+        }
+        __syncthreads();
+        const int h = pass_head + threadIdx.x / ROW_CHUNKS;
+        if (threadIdx.x < DECODE_REDUCE_HEADS * ROW_CHUNKS && h < group_size) {
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int g = 0; g < Tile::ROW_GROUPS; ++g) {
+                const float4 part = to_reduce[threadIdx.x / ROW_CHUNKS][g * ROW_CHUNKS + v_chunk];
+                sum.x += part.x;
+                sum.y += part.y;
+                sum.z += part.z;
+                sum.w += part.w;
+            }
+            const int head = first_head + h;
+            if (n_active == 1) {
+                const float inverse = 1.0f / denominator[h];
+                out4[std::size_t(head) * ROW_CHUNKS + v_chunk] =
+                    make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse);
+            } else {
+                partial_acc[(std::size_t(head) * n_splits + split) * ROW_CHUNKS + v_chunk] = sum;
+            }
+        }
     }
+    if (n_active == 1) return;
+    if (threadIdx.x < group_size)
+        partial_stats[std::size_t(first_head + threadIdx.x) * n_splits + split] =
+            make_float2(running_max[threadIdx.x], denominator[threadIdx.x]);
 
     // Publish the partials, then count this split done; the block that completes the count merges.
     __shared__ bool merges;
@@ -197,38 +286,71 @@ __global__ void __launch_bounds__(DECODE_MAX_GROUP * WARP_SIZE)
     if (!merges) return;
     __threadfence();
 
-    // __ldcg reads through L2, where the other blocks' partials are (never a stale line of this SM's L1).
-    __shared__ float split_weight[DECODE_MAX_GROUP][MAX_SPLITS];
-    float merged_max = -INFINITY;
-    for (int s = lane; s < n_active; s += WARP_SIZE) merged_max = fmaxf(merged_max, __ldcg(head_partials + s * stride));
-    merged_max = warp_max(merged_max);
-    float merged_denominator = 0.0f;
-    for (int s = lane; s < n_active; s += WARP_SIZE) {
-        const float w = exp2f(__ldcg(head_partials + s * stride) - merged_max);
-        split_weight[warp][s] = w;
-        merged_denominator += w * __ldcg(head_partials + s * stride + 1);
-    }
-    merged_denominator = warp_sum(merged_denominator);
-    __syncwarp();
-    float merged[n_slots] = {};
-    for (int first_split = 0; first_split < n_active; first_split += V_ROWS) {
-        float pieces[V_ROWS][n_slots];
+    // The merge: `parts` adjacent lanes share one (head, chunk) pair, each merging every parts-th split in
+    // batches whose loads are in flight together, then they merge their states by shuffles. __ldcg reads
+    // through L2, where the other blocks' partials are (never a stale line of this SM's L1).
+    const int pairs = group_size * ROW_CHUNKS;
+    int parts = 1;
+    while (parts < WARP_SIZE && 2 * parts * pairs <= DECODE_THREADS) parts *= 2;
+    const int part = threadIdx.x % parts;
+    for (int first_pair = 0; first_pair < pairs; first_pair += DECODE_THREADS / parts) {
+        const int pair = first_pair + threadIdx.x / parts;
+        const int head = first_head + min(pair, pairs - 1) / ROW_CHUNKS;  // past the last pair: shuffle along
+        const int chunk = min(pair, pairs - 1) % ROW_CHUNKS;
+        const float2* stats = partial_stats + std::size_t(head) * n_splits;
+        const float4* accs = partial_acc + std::size_t(head) * n_splits * ROW_CHUNKS + chunk;
+        float merged_max = -INFINITY, merged_denominator = 0.0f;
+        float4 merged = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int batch = part; batch < n_active; batch += parts * DECODE_MERGE_BATCH) {
+            float2 stat[DECODE_MERGE_BATCH];
+            float4 piece[DECODE_MERGE_BATCH];
 #pragma unroll
-        for (int i = 0; i < V_ROWS; ++i) {
-            const float* piece = head_partials + std::size_t(min(first_split + i, n_active - 1)) * stride + 2;
+            for (int b = 0; b < DECODE_MERGE_BATCH; ++b) {
+                const int s = min(batch + b * parts, n_active - 1);
+                stat[b] = __ldcg(stats + s);
+                piece[b] = __ldcg(accs + std::size_t(s) * ROW_CHUNKS);
+            }
+            float batch_max = merged_max;
 #pragma unroll
-            for (int s = 0; s < n_slots; ++s) pieces[i][s] = __ldcg(piece + s * WARP_SIZE + lane);
+            for (int b = 0; b < DECODE_MERGE_BATCH; ++b) batch_max = fmaxf(batch_max, stat[b].x);
+            const float scale = exp2f(merged_max - batch_max);  // 0 on the first batch
+            merged_denominator *= scale;
+            merged = make_float4(merged.x * scale, merged.y * scale, merged.z * scale, merged.w * scale);
+#pragma unroll
+            for (int b = 0; b < DECODE_MERGE_BATCH; ++b) {
+                // A split past the last one was loaded as the last one: weight 0, not counted twice.
+                const float w = batch + b * parts < n_active ? exp2f(stat[b].x - batch_max) : 0.0f;
+                merged_denominator += w * stat[b].y;
+                merged.x += w * piece[b].x;
+                merged.y += w * piece[b].y;
+                merged.z += w * piece[b].z;
+                merged.w += w * piece[b].w;
+            }
+            merged_max = batch_max;
         }
-#pragma unroll
-        for (int i = 0; i < V_ROWS; ++i) {
-            const float w = first_split + i < n_active ? split_weight[warp][first_split + i] : 0.0f;
-#pragma unroll
-            for (int s = 0; s < n_slots; ++s) merged[s] += w * pieces[i][s];
+        for (int offset = 1; offset < parts; offset *= 2) {
+            const float other_max = __shfl_xor_sync(FULL_WARP, merged_max, offset);
+            const float other_denominator = __shfl_xor_sync(FULL_WARP, merged_denominator, offset);
+            float4 other;
+            other.x = __shfl_xor_sync(FULL_WARP, merged.x, offset);
+            other.y = __shfl_xor_sync(FULL_WARP, merged.y, offset);
+            other.z = __shfl_xor_sync(FULL_WARP, merged.z, offset);
+            other.w = __shfl_xor_sync(FULL_WARP, merged.w, offset);
+            const float new_max = fmaxf(merged_max, other_max);
+            // A part with no split (max -inf) weighs 0; at least one part of the pair has one.
+            const float mine = merged_max == -INFINITY ? 0.0f : exp2f(merged_max - new_max);
+            const float theirs = other_max == -INFINITY ? 0.0f : exp2f(other_max - new_max);
+            merged_denominator = mine * merged_denominator + theirs * other_denominator;
+            merged = make_float4(mine * merged.x + theirs * other.x, mine * merged.y + theirs * other.y,
+                                 mine * merged.z + theirs * other.z, mine * merged.w + theirs * other.w);
+            merged_max = new_max;
+        }
+        if (part == 0 && pair < pairs) {
+            const float inverse = 1.0f / merged_denominator;
+            out4[std::size_t(head) * ROW_CHUNKS + chunk] =
+                make_float4(merged.x * inverse, merged.y * inverse, merged.z * inverse, merged.w * inverse);
         }
     }
-    const float inverse = 1.0f / merged_denominator;
-#pragma unroll
-    for (int s = 0; s < n_slots; ++s) head_out[s * WARP_SIZE + lane] = merged[s] * inverse;
 }
 
 // Prefill: a block takes 16 consecutive queries of one head and walks the cache rows they can see in
@@ -409,19 +531,20 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
     if (const cudaError_t refused = check_heads(n_heads, n_kv_heads, head_dim); refused != cudaSuccess) return refused;
     if (n_splits < 1 || n_splits > MAX_SPLITS) return minfer_refuse("n_splits must be between 1 and 256");
     if (n_heads / n_kv_heads > DECODE_MAX_GROUP) return minfer_refuse("n_heads / n_kv_heads must be at most 16");
-    if (!is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(workspace, 16))
-        return minfer_refuse("k_cache, v_cache and workspace must be 16-byte aligned (float4 loads)");
+    if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16) ||
+        !is_aligned(workspace, 16))
+        return minfer_refuse("q, k_cache, v_cache, out and workspace must be 16-byte aligned (float4 loads)");
     constexpr float LOG2_E = 1.4426950408889634f;
     const float score_scale = LOG2_E / std::sqrt(float(head_dim));  // scores in log2 units: exp2f weights
     int* counters = reinterpret_cast<int*>(workspace);
-    float* partials = reinterpret_cast<float*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
+    auto* partial_acc = reinterpret_cast<float4*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
+    auto* partial_stats = reinterpret_cast<float2*>(partial_acc + std::size_t(n_heads) * n_splits * (head_dim / 4));
     // grid.x: the split of the cache rows (fixed here, so a captured graph is valid for every kv_len; the
-    // splits a short cache does not need return at once); grid.y: the KV head. Block: one warp per query
-    // head of that KV head.
+    // splits a short cache does not need return at once); grid.y: the KV head. Block: 256 threads that
+    // share the split's rows among them (see DecodeTile).
     const dim3 grid(n_splits, n_kv_heads);
-    const dim3 block(n_heads / n_kv_heads * WARP_SIZE);
     const int kv_dim = n_kv_heads * head_dim;
-    // One kernel per head size, so a lane's dimensions and a row's float4 loads are compile-time counts.
+    // One kernel per head size, so a tile's loads per thread are compile-time counts.
     decltype(&attention_decode<32>) kernel = nullptr;
     switch (head_dim) {
         case 32: kernel = attention_decode<32>; break;
@@ -433,8 +556,8 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
         case 224: kernel = attention_decode<224>; break;
         default: kernel = attention_decode<256>; break;
     }
-    return launch_overlapped(kernel, grid, block, 0, stream, q, k_cache, v_cache, out, kv_len, counters, partials,
-                             kv_dim, n_ctx, score_scale);
+    return launch_overlapped(kernel, grid, dim3(DECODE_THREADS), 0, stream, q, k_cache, v_cache, out, kv_len,
+                             counters, partial_acc, partial_stats, n_heads / n_kv_heads, kv_dim, n_ctx, score_scale);
 }
 
 extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache,

@@ -45,9 +45,10 @@ KERNEL_TYPES = frozenset(
     }
 )
 MAX_ROWS_PER_LAUNCH = 65535  # rows sit on a grid's y axis
-# Cache pieces of split-K decode attention; fixed so a captured graph stays valid. A split's rows are read
-# one after the other (~0.15 us a row in the microbenchmark), so 64 splits keep a 2048-token cache at ~32
-# rows a split; at short contexts most splits are empty and cost one wave of idle blocks.
+# Cache splits of decode attention, fixed so a captured graph stays valid (a short cache leaves most empty:
+# a split is at least 32 rows). Each block loads its split in one round trip and the last one merges, so
+# fewer splits mean more rows per block and more splits a longer merge; at depth 2048 on the H200, 64
+# splits gave 1343 tok/s against 1191 (16), 1273 (32) and 1232 (128): docs/PERFORMANCE.md, step 19.
 DECODE_ATTENTION_SPLITS = 64
 # From this many tokens on, a matmul node runs the tensor-core GEMM instead of the matmul kernel. Measured on
 # the H200 (Q4_0, docs/PERFORMANCE.md): at 16 tokens gemm takes 18 us for ffn_up (matmul 81) and ties on
