@@ -251,6 +251,12 @@ void bind_kernels(nb::module_& k) {
                     "in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte aligned.",
                     "weight"_a, "type"_a, "x"_a, "y"_a, "in_features"_a, "out_features"_a, "n_tokens"_a,
                     "stream"_a);
+    MINFER_LAUNCHER(k, "gemm_group", launch_gemm_group,
+                    "gemm's products of one x by up to three weights of one GGML type in one launch: y_p[t][o] = "
+                    "sum_i W_p[o][i] * x[t][i]; out_features_p 0: part p and the ones after it are absent.",
+                    "weight_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "y_1"_a, "out_features_1"_a,
+                    "weight_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a, "in_features"_a, "n_tokens"_a,
+                    "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
                     "One token: y[o] = sum_i W[o][i] * h[i] (+ residual[o]), h = x, or RMSNorm(x) * norm_weight when "
                     "norm_weight is not 0; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "

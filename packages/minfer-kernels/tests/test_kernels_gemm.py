@@ -103,6 +103,48 @@ def test_gemm_agrees_with_matmul(rng, stream, dev):
     assert_close(by_gemm, by_matmul, ELEMENTWISE_RTOL, scale=condition, what="gemm vs matmul")
 
 
+# (type, in_features, the parts' out_features): Qwen2.5-0.5B's q|k|v (896 -> 896, 128, 128) in the types of
+# the benchmark models, two parts of which one fills no tile, and the K-quants' super-block rows.
+GROUP_CASES = [
+    (mk.GGMLType.Q4_0, 896, (896, 128, 128)),
+    (mk.GGMLType.Q8_0, 896, (896, 128, 128)),
+    (mk.GGMLType.F16, 32 * 37, (1000, 33)),
+    (mk.GGMLType.Q4_K, 1024, (64, 200, 4864)),
+    (mk.GGMLType.Q6_K, 256 * 5, (33,)),
+]
+
+
+@pytest.mark.parametrize("n_tokens", [16, 100, 512])
+@pytest.mark.parametrize(("ggml_type", "in_features", "parts"), GROUP_CASES, ids=str)
+def test_gemm_group_equals_one_gemm_per_part(rng, stream, dev, ggml_type, in_features, parts, n_tokens):
+    """Each part of a group is the product gemm computes alone, to the bit (the same blocks do the same
+    steps), and close to the float64 reference."""
+    x = randn(rng, n_tokens, in_features)
+    x_dev = dev(x)
+    raws, values = zip(*(weights(ggml_type, n, in_features) for n in parts), strict=True)
+    outputs = [poisoned((n_tokens, n), np.float32, stream) for n in parts]
+    arguments = []
+    for index in range(3):
+        present = index < len(parts)
+        arguments += [dev(raws[index]), outputs[index].ptr, parts[index]] if present else [0, 0, 0]
+    kernels.gemm_group(*arguments, ggml_type, x_dev, in_features, n_tokens, stream.handle)
+    for raw, value, output, n in zip(raws, values, outputs, parts, strict=True):
+        grouped = from_device(output, (n_tokens, n), np.float32, stream)
+        alone = run_gemm(stream, dev, ggml_type, raw, x, n)
+        assert np.array_equal(grouped, alone), f"part of {n} outputs differs from its own gemm"
+        assert_gemm_close(grouped, value, x, f"gemm_group {ggml_type.name} part {in_features}->{n} x{n_tokens}")
+
+
+def test_gemm_group_refuses_a_part_after_an_absent_one(stream):
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    with pytest.raises(ValueError, match=r"launch_gemm_group refused .*absent part has none after it"):
+        kernels.gemm_group(p, p, 4, 0, 0, 0, p, p, 4, mk.GGMLType.Q4_0, p, 32, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_group refused .*absent part has none after it"):
+        kernels.gemm_group(p, p, 4, p, p, -1, 0, 0, 0, mk.GGMLType.Q4_0, p, 32, 16, h)
+    mk.sync(h)
+
+
 def test_gemm_refuses_what_it_cannot_compute(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle

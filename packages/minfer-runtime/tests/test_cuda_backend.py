@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf import quants as gguf_quants
 
 import minfer
+import minfer_kernels as mk
 from minfer.backends import create_backend, cuda_unavailable_reason
 from minfer.errors import BackendError
 from minfer.gguf_file import GGUFFile
@@ -101,6 +102,17 @@ def test_prompt_graphs_are_never_captured(synthetic_model):
         engine.forward([5, 6, 7], 0)
     prompt = engine.program(3).compiled
     assert prompt.runs == 4 and prompt.cuda_graph is None
+
+
+def test_a_prompts_projections_of_one_x_are_one_launch(synthetic_model):
+    engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
+    engine.forward(list(range(3, 3 + PROMPT_TOKENS)), 0)
+    prompt = engine.program(PROMPT_TOKENS).compiled
+    launches = dict(zip((node.name for node in prompt.graph.nodes), prompt.launches, strict=True))
+    for layer in range(SPECS["qwen2"].n_layers):
+        for first, later in (("attn_q", ("attn_k", "attn_v")), ("ffn_gate", ("ffn_up",))):
+            assert [launch.kernel for launch in launches[f"blk.{layer}.{first}"]] == [mk.kernels.gemm_group]
+            assert all(launches[f"blk.{layer}.{name}"] == [] for name in later)
 
 
 def test_three_turn_chat_equals_rerunning_the_conversation(synthetic_model):

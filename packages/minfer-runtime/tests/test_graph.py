@@ -7,6 +7,7 @@ import pytest
 from engine_steps import shared_inplace_input_graph
 
 from minfer.backends.cpu import CpuBackend
+from minfer.backends.cuda.backend import gemm_groups
 from minfer.errors import BackendError
 from minfer.graph.alloc import plan_buffers
 from minfer.graph.dot import to_dot
@@ -108,6 +109,41 @@ def test_backend_stages_a_copy_when_an_inplace_input_has_other_readers():
     program.run({"tokens": np.array([3, 1], dtype=np.int32)})
     rows = backend.weights["table"][[3, 1]]
     np.testing.assert_allclose(program.read("z"), rows + (rows + backend.weights["bias"]), rtol=1e-6)
+
+
+def test_gemm_groups_are_runs_of_prompt_products_of_one_x_and_type():
+    config = PRESETS["qwen2.5-0.5b"].config()
+    graph = build_graph(config, 64, 256)
+    groups = gemm_groups(graph.nodes, lambda weight: 2)
+    assert {first: [node.name.split(".")[-1] for node in run] for first, run in groups.items()} == {
+        f"blk.{layer}.{first}": names
+        for layer in range(config.n_layers)
+        for first, names in (("attn_q", ["attn_q", "attn_k", "attn_v"]), ("ffn_gate", ["ffn_gate", "ffn_up"]))
+    }
+    # A weight of another type ends a run (the Q4_K_M mix's attn_v); one-token products are no run at all.
+    mixed = gemm_groups(graph.nodes, lambda weight: 8 if weight.name.endswith("attn_v.weight") else 2)
+    assert [node.name for node in mixed["blk.0.attn_q"]] == ["blk.0.attn_q", "blk.0.attn_k"]
+    assert gemm_groups(build_graph(config, 8, 256).nodes, lambda weight: 2) == {}
+
+
+def test_a_gemm_groups_later_outputs_take_buffers_free_when_the_run_begins():
+    """The grouped launch writes every output of a run at its first node: their buffers must not hold a
+    tensor that is still live there."""
+    graph = build_graph(PRESETS["qwen2.5-0.5b"].config(), 64, 256)
+    plan = plan_buffers(graph, {node.name: "cuda" for node in graph.nodes})
+    produced = {node.output.name: index for index, node in enumerate(graph.nodes) if node.output is not None}
+    last_read = {name: max(readers) for name, readers in graph.consumers().items()}
+    position = {node.name: index for index, node in enumerate(graph.nodes)}
+    for first, run in gemm_groups(graph.nodes, lambda weight: 2).items():
+        start = position[first]
+        for node in run[1:]:
+            slot = plan.slot_of[node.output.name]
+            live = [
+                name
+                for name, index in produced.items()
+                if index < start and last_read.get(name, index) >= start and plan.slot_of.get(name) == slot
+            ]
+            assert live == [], f"{node.name} writes the buffer of {live}, live at {first}"
 
 
 def test_scheduler_refuses_a_node_the_backend_cannot_run(monkeypatch):

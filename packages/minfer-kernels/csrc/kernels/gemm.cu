@@ -15,18 +15,20 @@
 // Work split. The block computes a BM x BN tile of y (BM tokens by BN output features), walking K in
 // steps of 32 (one quantized block per weight row per step; for the K-quants, the 32-value slice of a
 // 256-value super-block: one Q4_K sub-block, two Q6_K sub-blocks). Each step, the block's threads
-//   1. load the next step's 32 columns of x and of W from global memory into registers (raw bytes),
+//   1. load a later step's 32 columns of x and of W from global memory into registers (raw bytes),
 //   2. multiply the current step's tiles, already in shared memory, on the tensor cores,
 //   3. decode the registers to f16 and store them into the other shared-memory buffer,
 // then meet at one barrier. The global loads of step 1 are in flight while step 2 computes: two
-// shared-memory buffers and a register stage hide part of the load latency, one step deep (copying raw
-// bytes several steps ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
+// shared-memory buffers and one or two register stages (pipeline_step) hide part of the load latency
+// (copying raw bytes further ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
 //
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
 // multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix. That instruction set
 // exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
 // layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build) take a scalar path through the
 // same shared-memory tiles. Every compiled architecture computes the same function.
+#include <climits>
+
 #include "common.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
@@ -39,10 +41,12 @@ constexpr int TILE_PAD = 8;             // f16 padding per shared-memory row: ke
 constexpr int TILE_STRIDE = K_STEP + TILE_PAD;  // f16 per shared-memory row (80 bytes: 16-byte aligned rows)
 constexpr int X_VECTORS_PER_ROW = K_STEP / 4;   // float4 loads covering one token's 32 values of x
 
-// The block tile (BM tokens x BN output features), its warps' layout (WARPS_M x WARPS_N warps), and the
-// blocks each SM should hold at once (which caps the registers per thread).
-template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int MIN_BLOCKS_PER_SM_>
+// The block tile (BM tokens x BN output features), its warps' layout (WARPS_M x WARPS_N warps), the
+// blocks each SM should hold at once (which caps the registers per thread), and how many register stages
+// of loads the pipeline keeps.
+template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int MIN_BLOCKS_PER_SM_, int REGISTER_STAGES_>
 struct TileShape {
+    static constexpr int REGISTER_STAGES = REGISTER_STAGES_;  // steps of loads in flight: 1 or 2 (see pipeline_step)
     static constexpr int BM = BM_;
     static constexpr int BN = BN_;
     static constexpr int WARPS_M = WARPS_M_;
@@ -61,10 +65,13 @@ struct TileShape {
 };
 
 // 128 x 128, 8 warps of 64 x 32: the most reuse per byte loaded, for products that give every SM a tile.
-// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products.
-using LargeTiles = TileShape<128, 128, 2, 4, 2>;
+// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products; a second
+// register stage would not fit in 128 registers.
+using LargeTiles = TileShape<128, 128, 2, 4, 2, 1>;
 // 64 x 64, 4 warps of 32 x 32: four times as many blocks, for narrow products (N = 896) and few tokens.
-using SmallTiles = TileShape<64, 64, 2, 2, 4>;
+// A block alone on its SM waits for its own loads: two register stages, and the registers for them (two
+// blocks per SM; a 512-token prompt's narrow products make about one block per SM anyway).
+using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
 
 // ---- Weight formats: 16 weights of one row (half a step's 32 columns) decoded to f16 ----------------------
 //
@@ -365,27 +372,34 @@ struct StepRegisters {
     typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
 };
 
+// Where a block's steps come from: x, W and the block's first token and first row.
+struct StepSource {
+    const float* x;
+    const std::uint8_t* weight;
+    long long row_bytes;
+    int in_features, n_tokens, out_features, first_token, first_row;
+};
+
 // x tile: BM tokens x 32 values; float4 i of the tile is token i / 8, values 4 (i % 8) ..., so consecutive
 // threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
 // block, consecutive threads walking down the rows. Tokens past n_tokens and rows past out_features are
 // not read; they are stored as zeros.
 template <class Tiles, class Format>
-__device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const float* x, const std::uint8_t* weight,
-                                          long long row_bytes, int in_features, int n_tokens, int out_features,
-                                          int first_token, int first_row, int step) {
+__device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
-        const int token = first_token + i / X_VECTORS_PER_ROW;
+        const int token = source.first_token + i / X_VECTORS_PER_ROW;
         const int column = step * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
-        regs.x[v] = token < n_tokens ? *reinterpret_cast<const float4*>(x + std::size_t(token) * in_features + column)
-                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        regs.x[v] = token < source.n_tokens
+                        ? *reinterpret_cast<const float4*>(source.x + std::size_t(token) * source.in_features + column)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
         const int i = threadIdx.x + p * Tiles::THREADS;
-        const int row = first_row + i / 2;
-        if (row < out_features) regs.w[p] = Format::load(weight + row * row_bytes, step, i % 2);
+        const int row = source.first_row + i / 2;
+        if (row < source.out_features) regs.w[p] = Format::load(source.weight + row * source.row_bytes, step, i % 2);
     }
 }
 
@@ -507,17 +521,62 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
 
 #endif
 
+// ---- The pipeline ----------------------------------------------------------------------------------------
+//
+// Step s of a block: load step s + AHEAD into `load_stage`, multiply the tiles of step s (shared buffer
+// s % 2), decode `store_stage` (step s + 1) into the other buffer (last read in step s - 1, before the
+// barrier that ended it) and meet the barrier. With one register stage (AHEAD = 1) both stages are the
+// same registers and a load has one step of products to arrive in. With two (AHEAD = 2), the even steps'
+// loads and the odd steps' alternate: at the start of step s the stage holding step s + 1 has its loads
+// in flight and the other was stored at the end of step s - 1, so it takes step s + 2, and each load has
+// two steps of products to arrive in.
+template <class Tiles, int AHEAD, class Format>
+__device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
+                                              StepRegisters<Tiles, Format>& load_stage,
+                                              const StepRegisters<Tiles, Format>& store_stage,
+                                              const StepSource& source, __half (*x_tiles)[Tiles::BM * TILE_STRIDE],
+                                              __half (*w_tiles)[Tiles::BN * TILE_STRIDE], int step, int n_steps,
+                                              int rows_left, int warp_row, int warp_column) {
+    const int current = step % 2;
+    if (step + AHEAD < n_steps) load_step(load_stage, source, step + AHEAD);
+    multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
+    if (step + 1 < n_steps) store_step(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+    __syncthreads();
+}
+
 // ---- The kernel -----------------------------------------------------------------------------------------
 
-// Block: Tiles::THREADS threads; blockIdx.x the tile of output features, blockIdx.y the tile of tokens.
+// The products of one launch: up to MAX_GEMM_PARTS weights of one type and row length that multiply the
+// same x (a layer's q, k and v projections), each into its own y. Part p's tiles of output features are
+// first_tile[p] .. first_tile[p + 1] - 1 of the grid's x axis; the absent parts' first_tile is past the
+// grid. One launch instead of three lets the narrow products' few blocks run side by side.
+constexpr int MAX_GEMM_PARTS = 3;
+struct GemmParts {
+    const std::uint8_t* weight[MAX_GEMM_PARTS];
+    float* y[MAX_GEMM_PARTS];
+    int out_features[MAX_GEMM_PARTS];
+    int first_tile[MAX_GEMM_PARTS];
+};
+
+// Block: Tiles::THREADS threads; blockIdx.x the tile of output features (of all parts, in order),
+// blockIdx.y the tile of tokens.
 template <class Tiles, class Format>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
-    gemm_f16_tensor_cores(const std::uint8_t* __restrict__ weight, long long row_bytes, const float* __restrict__ x,
-                          float* __restrict__ y, int in_features, int out_features, int n_tokens) {
+    gemm_f16_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
+                          int n_tokens) {
     __shared__ __align__(16) __half x_tiles[2][Tiles::BM * TILE_STRIDE];
     __shared__ __align__(16) __half w_tiles[2][Tiles::BN * TILE_STRIDE];
 
-    const int first_row = blockIdx.x * Tiles::BN;
+    // This block's part, picked with selects (indexing the parameter arrays would copy them to local memory).
+    const int tile = blockIdx.x;
+    const int part = tile >= parts.first_tile[2] ? 2 : (tile >= parts.first_tile[1] ? 1 : 0);
+    const std::uint8_t* weight = part == 0 ? parts.weight[0] : (part == 1 ? parts.weight[1] : parts.weight[2]);
+    float* y = part == 0 ? parts.y[0] : (part == 1 ? parts.y[1] : parts.y[2]);
+    const int out_features =
+        part == 0 ? parts.out_features[0] : (part == 1 ? parts.out_features[1] : parts.out_features[2]);
+    const int part_tile =
+        tile - (part == 0 ? parts.first_tile[0] : (part == 1 ? parts.first_tile[1] : parts.first_tile[2]));
+    const int first_row = part_tile * Tiles::BN;
     const int first_token = blockIdx.y * Tiles::BM;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -527,20 +586,32 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     const int rows_left = out_features - first_row;
 
     float acc[Tiles::FRAGS_M][Tiles::FRAGS_N][4] = {};
-    StepRegisters<Tiles, Format> regs;
-    load_step(regs, x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row, 0);
-    store_step(regs, x_tiles[0], w_tiles[0], rows_left);
-    __syncthreads();
-    for (int step = 0; step < n_steps; ++step) {
-        const int current = step % 2;
-        const bool has_next = step + 1 < n_steps;
-        if (has_next)
-            load_step(regs, x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row,
-                      step + 1);
-        multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
-        // The other buffer was last read in the previous step, before the barrier that ended it.
-        if (has_next) store_step(regs, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+    // Two register stages: the even steps' loads and the odd steps'. At the start of step s, shared buffer
+    // s % 2 holds step s, the stage of s + 1 has its loads in flight and the stage of s is free (stored at
+    // the end of step s - 1). Step s then loads step s + 2 into the free stage, multiplies, stores step s + 1
+    // into the other buffer (last read in step s - 1, before the barrier that ended it) and meets the barrier:
+    // a load has two steps of products to arrive in, not one.
+    StepRegisters<Tiles, Format> even, odd;  // with one register stage, `even` serves every step
+    const StepSource source{x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row};
+    load_step(even, source, 0);
+    store_step(even, x_tiles[0], w_tiles[0], rows_left);
+    if constexpr (Tiles::REGISTER_STAGES == 1) {
+        if (n_steps > 1) load_step(even, source, 1);
         __syncthreads();
+        for (int step = 0; step < n_steps; ++step)
+            pipeline_step<Tiles, 1>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left, warp_row,
+                                    warp_column);
+    } else {
+        if (n_steps > 1) load_step(odd, source, 1);
+        __syncthreads();
+        // Two steps per trip, so that each stage is a fixed set of registers.
+        for (int step = 0; step < n_steps; step += 2) {
+            pipeline_step<Tiles, 2>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left, warp_row,
+                                    warp_column);
+            if (step + 1 < n_steps)
+                pipeline_step<Tiles, 2>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps, rows_left,
+                                        warp_row, warp_column);
+        }
     }
 
     // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
@@ -557,30 +628,46 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
             }
 }
 
-// One product's arguments, as launch_gemm received them (row_bytes: bytes of one weight row).
-struct Product {
-    const std::uint8_t* weight;
+// One launch's arguments, as launch_gemm_group received them (row_bytes: bytes of one weight row).
+struct Products {
+    const void* weight[MAX_GEMM_PARTS];
+    float* y[MAX_GEMM_PARTS];
+    int out_features[MAX_GEMM_PARTS];  // 0: the part is absent (and so are the ones after it)
     long long row_bytes;
     const float* x;
-    float* y;
     int in_features;
-    int out_features;
     int n_tokens;
 };
 
+// The parts as Tiles cut them: part p's tiles follow part p - 1's. Returns the tiles of output features.
 template <class Tiles>
-long long tile_count(const Product& p) {
-    return static_cast<long long>(ceil_div(p.out_features, Tiles::BN)) * ceil_div(p.n_tokens, Tiles::BM);
+int tile_parts(const Products& p, GemmParts& parts) {
+    int tiles = 0;
+    for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
+        parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
+        parts.y[i] = p.y[i];
+        parts.out_features[i] = p.out_features[i];
+        parts.first_tile[i] = p.out_features[i] > 0 ? tiles : INT_MAX;
+        tiles += ceil_div(p.out_features[i], Tiles::BN);
+    }
+    return tiles;
+}
+
+template <class Tiles>
+long long tile_count(const Products& p) {
+    GemmParts parts{};
+    return static_cast<long long>(tile_parts<Tiles>(p, parts)) * ceil_div(p.n_tokens, Tiles::BM);
 }
 
 template <class Tiles, class Format>
-cudaError_t launch_tiles(const Product& p, cudaStream_t stream) {
-    // grid.x: ceil(out_features / BN) tiles of output features; grid.y: ceil(n_tokens / BM) tiles of tokens.
-    // Blocks next to each other in x share their x rows, which then stay in L2 while W streams past.
-    const dim3 grid(ceil_div(p.out_features, Tiles::BN), ceil_div(p.n_tokens, Tiles::BM));
-    gemm_f16_tensor_cores<Tiles, Format><<<grid, Tiles::THREADS, 0, stream>>>(p.weight, p.row_bytes, p.x, p.y,
-                                                                              p.in_features, p.out_features,
-                                                                              p.n_tokens);
+cudaError_t launch_tiles(const Products& p, cudaStream_t stream) {
+    GemmParts parts{};
+    const int feature_tiles = tile_parts<Tiles>(p, parts);
+    // grid.x: the tiles of output features, BN each, of every part in turn; grid.y: ceil(n_tokens / BM) tiles
+    // of tokens. Blocks next to each other in x share their x rows, which then stay in L2 while W streams past.
+    const dim3 grid(feature_tiles, ceil_div(p.n_tokens, Tiles::BM));
+    gemm_f16_tensor_cores<Tiles, Format>
+        <<<grid, Tiles::THREADS, 0, stream>>>(parts, p.row_bytes, p.x, p.in_features, p.n_tokens);
     return cudaGetLastError();
 }
 
@@ -588,7 +675,7 @@ cudaError_t launch_tiles(const Product& p, cudaStream_t stream) {
 // fewer, bigger tiles re-read x and W less often. Otherwise small tiles, four times as many blocks, so
 // narrow products (N = 896: 112 blocks) and short prompts still spread over the GPU.
 template <class Format>
-cudaError_t launch_format(const Product& p, int multiprocessors, cudaStream_t stream) {
+cudaError_t launch_format(const Products& p, int multiprocessors, cudaStream_t stream) {
     if (tile_count<LargeTiles>(p) >= multiprocessors) return launch_tiles<LargeTiles, Format>(p, stream);
     return launch_tiles<SmallTiles, Format>(p, stream);
 }
@@ -598,35 +685,53 @@ cudaError_t launch_format(const Product& p, int multiprocessors, cudaStream_t st
 
 using namespace minfer;
 
-extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features,
-                                   int out_features, int n_tokens, cudaStream_t stream) {
+extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1,
+                                         float* y_1, int out_features_1, const void* weight_2, float* y_2,
+                                         int out_features_2, int type, const float* x, int in_features, int n_tokens,
+                                         cudaStream_t stream) {
     const long long bytes = row_bytes(type, in_features);
     if (bytes < 0 || in_features % K_STEP != 0)
         return minfer_refuse(
             "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a multiple of 32 (of 256 "
             "for Q4_K/Q6_K)");
-    if (in_features <= 0 || out_features <= 0 || n_tokens <= 0)
-        return minfer_refuse("in_features, out_features and n_tokens must be positive");
+    if (in_features <= 0 || out_features_0 <= 0 || n_tokens <= 0)
+        return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
+    if (out_features_1 < 0 || out_features_2 < 0 || (out_features_1 == 0 && out_features_2 > 0))
+        return minfer_refuse("a part's out_features is 0 (absent) or positive, and an absent part has none after it");
     if (!is_aligned(x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
     const bool float_weights = type == GGML_F32 || type == GGML_F16;
-    if (!is_aligned(weight, float_weights ? 16 : 4))
-        return minfer_refuse("weight must be 16-byte aligned for F32/F16 (16-byte loads) and 4-byte aligned otherwise");
+    for (const void* weight : {weight_0, weight_1, weight_2})
+        if (!is_aligned(weight, float_weights ? 16 : 4))
+            return minfer_refuse(
+                "weight must be 16-byte aligned for F32/F16 (16-byte loads) and 4-byte aligned otherwise");
     int device = 0;
     int multiprocessors = 0;
     if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
     if (const cudaError_t failed = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
         failed != cudaSuccess)
         return failed;
-    const Product product{static_cast<const std::uint8_t*>(weight), bytes, x, y, in_features, out_features, n_tokens};
+    const Products products{{weight_0, weight_1, weight_2},
+                            {y_0, y_1, y_2},
+                            {out_features_0, out_features_1, out_features_2},
+                            bytes,
+                            x,
+                            in_features,
+                            n_tokens};
     switch (type) {
-        case GGML_F32: return launch_format<F32Tile>(product, multiprocessors, stream);
-        case GGML_F16: return launch_format<F16Tile>(product, multiprocessors, stream);
-        case GGML_Q4_0: return launch_format<Q4_0Tile>(product, multiprocessors, stream);
-        case GGML_Q4_1: return launch_format<Q4_1Tile>(product, multiprocessors, stream);
-        case GGML_Q5_0: return launch_format<Q5_0Tile>(product, multiprocessors, stream);
-        case GGML_Q8_0: return launch_format<Q8_0Tile>(product, multiprocessors, stream);
-        case GGML_Q4_K: return launch_format<Q4_KTile>(product, multiprocessors, stream);
-        case GGML_Q6_K: return launch_format<Q6_KTile>(product, multiprocessors, stream);
+        case GGML_F32: return launch_format<F32Tile>(products, multiprocessors, stream);
+        case GGML_F16: return launch_format<F16Tile>(products, multiprocessors, stream);
+        case GGML_Q4_0: return launch_format<Q4_0Tile>(products, multiprocessors, stream);
+        case GGML_Q4_1: return launch_format<Q4_1Tile>(products, multiprocessors, stream);
+        case GGML_Q5_0: return launch_format<Q5_0Tile>(products, multiprocessors, stream);
+        case GGML_Q8_0: return launch_format<Q8_0Tile>(products, multiprocessors, stream);
+        case GGML_Q4_K: return launch_format<Q4_KTile>(products, multiprocessors, stream);
+        case GGML_Q6_K: return launch_format<Q6_KTile>(products, multiprocessors, stream);
         default: return minfer_refuse("no GEMM kernel for this GGML type");
     }
+}
+
+extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features,
+                                   int out_features, int n_tokens, cudaStream_t stream) {
+    return launch_gemm_group(weight, y, out_features, nullptr, nullptr, 0, nullptr, nullptr, 0, type, x, in_features,
+                             n_tokens, stream);
 }

@@ -46,9 +46,13 @@ long long minfer_row_bytes(int type, long long n_values);
 cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y, int in_features,
                           int out_features, int n_tokens, cudaStream_t stream);
 
-// gemm.cu
+// gemm.cu. A group is up to three products of one x (weights of one type; out_features 0: the part and the
+// ones after it are absent), in one launch.
 cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features, int out_features,
                         int n_tokens, cudaStream_t stream);
+cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1, float* y_1,
+                              int out_features_1, const void* weight_2, float* y_2, int out_features_2, int type,
+                              const float* x, int in_features, int n_tokens, cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type.

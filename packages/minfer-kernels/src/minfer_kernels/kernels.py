@@ -34,6 +34,7 @@ gemv = _kernels.gemv
 gemv_swiglu = _kernels.gemv_swiglu
 gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
 gemm = _kernels.gemm
+gemm_group = _kernels.gemm_group
 kv_store_f32 = _kernels.kv_store_f32
 attention_decode_f32 = _kernels.attention_decode_f32
 attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
@@ -53,6 +54,7 @@ __all__ = [
     "attention_prefill_f32",
     "embed_rows",
     "gemm",
+    "gemm_group",
     "gemv",
     "gemv_qkv_rope_store",
     "gemv_swiglu",

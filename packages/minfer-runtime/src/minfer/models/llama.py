@@ -84,35 +84,35 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
             x = fused_decode_layer(g, config, blk, x, w, (positions, kv_len), cache, rope)
             continue
         h = g.node(f"{blk}.attn_norm", Op.RMS_NORM, [x, w(f"{blk}.attn_norm.weight")], (n, d), eps=config.rms_eps)
-        projections = {}
-        for part, width, n_heads in (("q", config.q_dim, config.n_heads), ("k", config.kv_dim, config.n_kv_heads)):
-            proj = g.node(f"{blk}.attn_{part}", Op.MATMUL, [h, w(f"{blk}.attn_{part}.weight")], (n, width))
-            if config.qkv_bias:
-                proj = g.node(
+        # The three projections of h first, one after the other: the CUDA backend runs such a run as one
+        # launch (CudaCompiledGraph.gemm_groups).
+        widths = {"q": config.q_dim, "k": config.kv_dim, "v": config.kv_dim}
+        projections = {
+            part: g.node(f"{blk}.attn_{part}", Op.MATMUL, [h, w(f"{blk}.attn_{part}.weight")], (n, width))
+            for part, width in widths.items()
+        }
+        if config.qkv_bias:
+            for part, width in widths.items():
+                projections[part] = g.node(
                     f"{blk}.attn_{part}_bias",
                     Op.ADD_BIAS,
-                    [proj, w(f"{blk}.attn_{part}.bias")],
+                    [projections[part], w(f"{blk}.attn_{part}.bias")],
                     (n, width),
                     inplace_input=0,
                 )
+        for part, n_heads in (("q", config.n_heads), ("k", config.n_kv_heads)):
             projections[part] = g.node(
                 f"{blk}.rope_{part}",
                 Op.ROPE,
-                [proj, positions],
-                (n, width),
+                [projections[part], positions],
+                (n, widths[part]),
                 inplace_input=0,
                 n_heads=n_heads,
                 **rope,
             )
-        v = g.node(f"{blk}.attn_v", Op.MATMUL, [h, w(f"{blk}.attn_v.weight")], (n, config.kv_dim))
-        if config.qkv_bias:
-            v = g.node(
-                f"{blk}.attn_v_bias", Op.ADD_BIAS, [v, w(f"{blk}.attn_v.bias")], (n, config.kv_dim), inplace_input=0
-            )
         cache_k, cache_v = cache
-        g.nodes.append(
-            Node(f"{blk}.kv_store", Op.KV_STORE, [projections["k"], v, positions], None, writes=[cache_k, cache_v])
-        )
+        kv_inputs = [projections["k"], projections["v"], positions]
+        g.nodes.append(Node(f"{blk}.kv_store", Op.KV_STORE, kv_inputs, None, writes=[cache_k, cache_v]))
         attn = g.node(
             f"{blk}.attention",
             Op.ATTENTION,

@@ -56,6 +56,7 @@ DECODE_ATTENTION_SPLITS = 64
 # dot products better than gemm's few, mostly empty 64-token tiles.
 GEMM_MIN_TOKENS = 16
 GEMM_K_STEP = 32  # gemm's step along in_features: in_features must be a multiple of it
+GEMM_GROUP_PARTS = 3  # products of one x that kernels.gemm_group computes in one launch
 
 
 def replay_enabled() -> bool:
@@ -64,6 +65,45 @@ def replay_enabled() -> bool:
 
 def op_timing_enabled() -> bool:
     return os.environ.get("MINFER_OP_TIMING", "") not in ("", "0")
+
+
+def on_tensor_cores(node: Node) -> bool:
+    """Whether a matmul node runs the tensor-core GEMM: a prompt's product (gemm walks in_features in whole
+    32-value steps, always true of the quantized formats, checked here for F32/F16 weights)."""
+    if node.op is not Op.MATMUL:
+        return False
+    x, weight = node.inputs
+    return x.shape[0] >= GEMM_MIN_TOKENS and weight.shape[1] % GEMM_K_STEP == 0
+
+
+def gemm_groups(nodes: list[Node], weight_type: Callable[[Tensor], int]) -> dict[str, list[Node]]:
+    """Runs of consecutive tensor-core matmuls that read the same x with weights of one type and row length,
+    up to GEMM_GROUP_PARTS long, keyed by their first node (runs of one are left out). One gemm_group launch
+    computes a run, so a layer's narrow q, k and v products share the GPU instead of following each other.
+    Computing the later nodes' products at the first node is safe: nothing runs in between, and the buffer
+    plan gave their outputs buffers that were already free when the run began (the run's one activation
+    input, x, is read up to its last node, so no buffer is released inside the run)."""
+
+    def joins(run: list[Node], node: Node) -> bool:
+        first = run[0]
+        return (
+            len(run) < GEMM_GROUP_PARTS
+            and on_tensor_cores(node)
+            and node.inputs[0].name == first.inputs[0].name
+            and node.inputs[1].shape[1] == first.inputs[1].shape[1]
+            and weight_type(node.inputs[1]) == weight_type(first.inputs[1])
+        )
+
+    groups: dict[str, list[Node]] = {}
+    run: list[Node] = []
+    for node in [*nodes, None]:
+        if node is not None and run and joins(run, node):
+            run.append(node)
+            continue
+        if len(run) > 1:
+            groups[run[0].name] = run
+        run = [node] if node is not None and on_tensor_cores(node) else []
+    return groups
 
 
 @dataclass(frozen=True)
@@ -88,7 +128,9 @@ class CudaCompiledGraph(CompiledGraph):
         self.argmax_out = allocate(4, "the argmax result")
         self.argmax_workspace: mk.DeviceBuffer | None = None  # sized by the first argmax
         self.workspace = allocate(backend.attention_workspace_bytes(graph), "the attention workspace")
-        self.launches = [self.bind(node) for node in graph.nodes]
+        self.gemm_groups = gemm_groups(graph.nodes, self.weight_type)
+        grouped = {node.name for run in self.gemm_groups.values() for node in run[1:]}
+        self.launches = [[] if node.name in grouped else self.bind(node) for node in graph.nodes]
         self.runs = 0
         tokens = graph.inputs.get("tokens")
         self.replays = replay_enabled() and tokens is not None and tokens.shape[0] == 1  # decode graphs only
@@ -134,13 +176,16 @@ class CudaCompiledGraph(CompiledGraph):
         x, weight = node.inputs
         out_features, in_features = weight.shape
         n_tokens = x.shape[0]
-        kind = int(self.backend.weight_types[weight.name])
-        args = (self.ptr(weight), kind, self.ptr(x), self.ptr(node.output), in_features, out_features, n_tokens)
-        # Prompts go to the tensor cores; gemm walks in_features in whole 32-value steps (always true of the
-        # quantized formats, checked here for F32/F16 weights).
-        on_tensor_cores = n_tokens >= GEMM_MIN_TOKENS and in_features % GEMM_K_STEP == 0
-        kernel = mk.kernels.gemm if on_tensor_cores else mk.kernels.matmul
-        return [Launch(kernel, (*args, self.backend.stream))]
+        if (run := self.gemm_groups.get(node.name)) is not None:
+            parts: list[int] = []
+            for member in run:
+                parts += [self.ptr(member.inputs[1]), self.ptr(member.output), member.inputs[1].shape[0]]
+            parts += [0, 0, 0] * (GEMM_GROUP_PARTS - len(run))  # absent parts
+            args = (*parts, self.weight_type(weight), self.ptr(x), in_features, n_tokens, self.backend.stream)
+            return [Launch(mk.kernels.gemm_group, args)]
+        args = (self.ptr(weight), self.weight_type(weight), self.ptr(x), self.ptr(node.output), in_features)
+        kernel = mk.kernels.gemm if on_tensor_cores(node) else mk.kernels.matmul
+        return [Launch(kernel, (*args, out_features, n_tokens, self.backend.stream))]
 
     def bind_add_bias(self, node: Node) -> list[Launch]:
         rows, d = node.output.shape
