@@ -129,11 +129,13 @@ QKV_CASES = [
 ]
 
 
-# The types of Wq, Wk, Wv: one type for all three, and the mixes llama-quantize's Q4_K_M makes (attn_v
-# with more bits than attn_q and attn_k; Q5_0 and Q8_0 where rows are not whole super-blocks).
+# The types of Wq, Wk, Wv: one type for all three, the mixes llama-quantize's Q4_K_M makes (attn_v with
+# more bits than attn_q and attn_k; Q5_0 and Q8_0 where rows are not whole super-blocks), each compiled as a
+# pair of formats, and a mix of three types, whose groups pick among every format.
 QKV_TYPES = [(t, t, t) for t in ALL_TYPES] + [
     (mk.GGMLType.Q5_0, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0),
     (mk.GGMLType.Q4_K, mk.GGMLType.Q4_K, mk.GGMLType.Q6_K),
+    (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16),
 ]
 
 
