@@ -263,6 +263,13 @@ void bind_kernels(nb::module_& k) {
                     "of GGML type `type`; y may be residual (the add in place); residual 0: none.",
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "gemv_int8", launch_gemv_int8,
+                    "gemv's function on the integer tensor cores (gemv takes this path for outputs of 16384 rows or "
+                    "more): x times the norm weight in three int8 parts per 32-value block, W of type Q4_0, Q4_1, "
+                    "Q5_0 or Q8_0, 16-byte aligned, staged through shared memory by the copy engine; refused on "
+                    "GPUs older than sm_90.",
+                    "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
+                    "out_features"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv_swiglu", launch_gemv_swiglu,
                     "One token: out[i] = silu((G h)[i]) * (U h)[i], G and U the gate and up weights (d_ff rows "
                     "each, one GGML type), h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",

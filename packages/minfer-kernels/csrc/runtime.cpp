@@ -15,6 +15,7 @@
 
 extern "C" cudaError_t minfer_refuse(const char* reason);
 extern "C" bool minfer_programmatic_launch();
+extern "C" int minfer_compute_capability();
 
 namespace minfer {
 namespace {
@@ -342,22 +343,28 @@ extern "C" cudaError_t minfer_refuse(const char* reason) {
     return cudaErrorInvalidValue;
 }
 
-// Asked at every overlapped launch, so it must be cheap: the answer per device is computed once. The
-// environment is read then too; MINFER_NO_PDL only exists to measure the difference (docs/PERFORMANCE.md).
-extern "C" bool minfer_programmatic_launch() {
+// Asked at launches, so it must be cheap: the answer per device is read once.
+extern "C" int minfer_compute_capability() {
     constexpr int MAX_DEVICES = 64;
-    static std::atomic<signed char> answer[MAX_DEVICES] = {};  // 0 unknown, 1 yes, -1 no
+    static std::atomic<int> answer[MAX_DEVICES] = {};  // 0 not read yet, -1 unreadable, else 10 * major + minor
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= MAX_DEVICES) return false;
-    signed char known = answer[device].load(std::memory_order_relaxed);
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= MAX_DEVICES) return 0;
+    int known = answer[device].load(std::memory_order_relaxed);
     if (known == 0) {
-        int major = 0;
-        const bool hopper = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                            major >= 9;
-        const char* off = std::getenv("MINFER_NO_PDL");
-        const bool disabled = off != nullptr && off[0] != '\0' && std::string(off) != "0";
-        known = hopper && !disabled ? 1 : -1;
+        int major = 0, minor = 0;
+        const bool read = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
+        known = read ? 10 * major + minor : -1;
         answer[device].store(known, std::memory_order_relaxed);
     }
-    return known > 0;
+    return known > 0 ? known : 0;
+}
+
+// MINFER_NO_PDL, read once, only exists to measure the difference (docs/PERFORMANCE.md).
+extern "C" bool minfer_programmatic_launch() {
+    static const bool disabled = [] {
+        const char* off = std::getenv("MINFER_NO_PDL");
+        return off != nullptr && off[0] != '\0' && std::string(off) != "0";
+    }();
+    return !disabled && minfer_compute_capability() >= 90;
 }

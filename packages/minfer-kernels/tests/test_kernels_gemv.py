@@ -61,20 +61,25 @@ def references(values: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return w64 @ h64, np.abs(w64) @ np.abs(h64)
 
 
-@pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
-@pytest.mark.parametrize(("ggml_type", "shape"), TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
-def test_gemv(rng, stream, dev, ggml_type, shape, norm):
+def check_gemv(launcher, rng, stream, dev, ggml_type, shape, norm) -> None:
+    """y = W h with h = x or RMSNorm(x) * g, through `launcher` (kernels.gemv's signature), against float64."""
     in_features, out_features = shape
     raw, values = weights(ggml_type, out_features, in_features)
     x, norm_weight = randn(rng, in_features, scale=2.0), randn(rng, in_features)
     y = poisoned(out_features, np.float32, stream)
     norm_ptr = dev(norm_weight) if norm else 0
-    kernels.gemv(dev(raw), ggml_type, dev(x), norm_ptr, EPS, 0, y.ptr, in_features, out_features, stream.handle)
+    launcher(dev(raw), ggml_type, dev(x), norm_ptr, EPS, 0, y.ptr, in_features, out_features, stream.handle)
     h = rms_norm(x, norm_weight, EPS) if norm else x
     expected, condition = references(values, h)
     rtol = NORM_RTOL if norm else MATMUL_RTOL[ggml_type]
     got = from_device(y, out_features, np.float32, stream)
-    assert_close(got, expected, rtol, scale=condition, what=f"gemv {ggml_type.name} {shape}")
+    assert_close(got, expected, rtol, scale=condition, what=f"{launcher.__name__} {ggml_type.name} {shape}")
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
+@pytest.mark.parametrize(("ggml_type", "shape"), TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
+def test_gemv(rng, stream, dev, ggml_type, shape, norm):
+    check_gemv(kernels.gemv, rng, stream, dev, ggml_type, shape, norm)
 
 
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
@@ -118,6 +123,87 @@ def test_gemv_swiglu(rng, stream, dev, ggml_type, d_ff):
     scale = 1.1 * np.abs(up) * gate_condition + np.abs(silu(gate)) * up_condition + np.abs(expected)
     got = from_device(out, d_ff, np.float32, stream)
     assert_close(got, expected, NORM_RTOL, scale=scale, what=f"swiglu {ggml_type.name}")
+
+
+INT8_TYPES = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0)
+requires_sm90 = pytest.mark.skipif(
+    mk.device_count() == 0 or mk.devices()[0].compute_capability < (9, 0),
+    reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
+)
+
+
+# (in_features, out_features): rows short of one 32-row chunk, chunks and a partial last one (SmolLM2's
+# width), Qwen2.5-0.5B's width, a last chunk of one row. Each last chunk's bytes are not a multiple of 16,
+# so the copy engine brings all but their last few bytes.
+INT8_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129)]
+
+
+@requires_sm90
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
+@pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
+@pytest.mark.parametrize("ggml_type", INT8_TYPES, ids=lambda t: t.name)
+def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
+    """The tensor-core path against float64: x in three int8 parts keeps it to 2^-22 of each block's
+    largest value, inside the float32 bound the CUDA-core GEMV is held to."""
+    check_gemv(kernels.gemv_int8, rng, stream, dev, ggml_type, shape, norm)
+
+
+@requires_sm90
+@pytest.mark.parametrize("ggml_type", INT8_TYPES, ids=lambda t: t.name)
+def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, dev, ggml_type):
+    """Blocks of x far apart in size (1e-4 .. 1e4), a block of zeros and a block with one nonzero value:
+    the parts are scaled per block, so a small block keeps its precision next to a large one."""
+    in_features, out_features = 256, 16411
+    raw, values = weights(ggml_type, out_features, in_features)
+    x = randn(rng, in_features)
+    for block, scale in enumerate((1e-4, 1e4, 0.0, 1.0, 1e2, 1e-2, 3.0, 1.0)):
+        x[32 * block : 32 * block + 32] *= scale
+    x[32 * 3 : 32 * 3 + 31] = 0.0  # one nonzero value in block 3
+    residual = randn(rng, out_features, scale=3.0)
+    y = to_device(residual, stream)  # the residual added in place
+    kernels.gemv_int8(dev(raw), ggml_type, dev(x), 0, EPS, y.ptr, y.ptr, in_features, out_features, stream.handle)
+    product, condition = references(values, x)
+    got = from_device(y, out_features, np.float32, stream)
+    rtol = MATMUL_RTOL[ggml_type]
+    assert_close(got, residual + product, rtol, scale=condition + np.abs(residual), what=f"{ggml_type.name}")
+    # The 1e-4 block alone, against its own condition: a block's scale is its own largest value.
+    x_small = np.zeros_like(x)
+    x_small[:32] = x[:32]
+    y_small = poisoned(out_features, np.float32, stream)
+    kernels.gemv_int8(
+        dev(raw), ggml_type, dev(x_small), 0, EPS, 0, y_small.ptr, in_features, out_features, stream.handle
+    )
+    small, small_condition = references(values, x_small)
+    got_small = from_device(y_small, out_features, np.float32, stream)
+    assert_close(got_small, small, rtol, scale=small_condition, what=f"{ggml_type.name}, the 1e-4 block alone")
+
+
+@requires_sm90
+def test_gemv_int8_refuses_what_it_cannot_read(stream):
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q4_0, Q4_1, Q5_0 or Q8_0"):
+        kernels.gemv_int8(p, mk.GGMLType.F16, p, 0, EPS, 0, p, 64, 4, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*blocks of 32"):
+        kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 48, 4, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*fit shared memory"):
+        kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 32 * 1024, 4, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*16-byte aligned"):
+        kernels.gemv_int8(p + 2, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 64, 4, h)
+
+
+def test_gemv_of_many_rows_reads_weights_the_copy_engine_cannot(rng, stream, dev):
+    """A head whose weight is only 2-byte aligned (the copy engine needs 16): gemv takes its CUDA-core path."""
+    in_features, out_features = 64, 16411
+    raw, values = weights(mk.GGMLType.Q8_0, out_features, in_features)
+    device_w = mk.DeviceBuffer(raw.nbytes + 2)
+    device_w.copy_from_host(raw, stream.handle, offset=2)
+    x = randn(rng, in_features)
+    y = poisoned(out_features, np.float32, stream)
+    kernels.gemv(device_w.ptr + 2, mk.GGMLType.Q8_0, dev(x), 0, EPS, 0, y.ptr, in_features, out_features, stream.handle)
+    expected, condition = references(values, x)
+    got = from_device(y, out_features, np.float32, stream)
+    assert_close(got, expected, MATMUL_RTOL[mk.GGMLType.Q8_0], scale=condition, what="2-byte aligned head")
 
 
 QKV_CASES = [

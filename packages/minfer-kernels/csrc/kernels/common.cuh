@@ -78,6 +78,10 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
+// The current device's compute capability as 10 * major + minor (90 for an H200), 0 if it cannot be read.
+// Defined in csrc/runtime.cpp.
+extern "C" int minfer_compute_capability();
+
 // Whether launch_overlapped asks for programmatic dependent launch on the current device: compute
 // capability 9.0 or newer, and MINFER_NO_PDL unset or "0" (to measure what it is worth). Defined in
 // csrc/runtime.cpp.

@@ -112,13 +112,6 @@ __device__ __forceinline__ float byte_dot(std::uint32_t word, std::uint32_t zero
     return bytes_01.x * v[0] + bytes_01.y * v[1] + bytes_23.x * v[2] + bytes_23.y * v[3];
 }
 
-// Bit i of the 4-bit `bits` moved to bit 4 of byte i: the fifth bits of 4 Q5_0 values, ready to OR onto
-// their nibbles. (The multiplication copies the nibble to bit offsets 0, 7, 14 and 21, so that bit i of
-// copy i lands on bit 8i.)
-__device__ __forceinline__ std::uint32_t spread_fifth_bits(std::uint32_t bits) {
-    return (((bits & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
-}
-
 // Byte i of 12 bytes held as 3 words, selected without indexing a register array (which would put it in
 // local memory).
 __device__ __forceinline__ int byte_of(const std::uint32_t (&words)[3], int i) {
@@ -137,7 +130,6 @@ __device__ __forceinline__ std::uint32_t load_u32(const void* p) {
 __device__ __forceinline__ std::uint32_t load_word_2aligned(const std::uint8_t* bytes) {
     return std::uint32_t(load_u16(bytes)) | (std::uint32_t(load_u16(bytes + 2)) << 16);
 }
-__device__ __forceinline__ float half_bits_to_float(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
 
 // ---- Weight formats --------------------------------------------------------------------------------------
 //
@@ -755,7 +747,8 @@ WeightPart weight_part(const void* weight, int type, int in_features, int n_rows
     return {static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), type, n_rows};
 }
 
-// Output heads (151936 rows) take 4 rows per group: the activations a lane loads serve 4 rows.
+// Output heads (151936 rows): on the integer tensor cores where gemv_int8.cu reads the type, else 4 rows per
+// group here (the activations a lane loads serve 4 rows).
 constexpr int MANY_ROWS = 16384;
 
 }  // namespace
@@ -773,6 +766,8 @@ extern "C" cudaError_t launch_gemv(const void* weight, int type, const float* x,
     if (const char* reason = weight_refusal(type, weight, in_features)) return minfer_refuse(reason);
     if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
+    if (out_features >= MANY_ROWS && minfer_gemv_int8_takes(type, weight, in_features))
+        return launch_gemv_int8(weight, type, x, norm_weight, eps, residual, y, in_features, out_features, stream);
     const GemvInput in{x, norm_weight, eps, in_features, 1};
     const WeightPart part = weight_part(weight, type, in_features, out_features);
     // Rows split over warps (ffn_down) take 2 rows per group, so its 896 rows still make few enough blocks

@@ -122,6 +122,17 @@ inline long long row_bytes(int type, long long n) {
     }
 }
 
+// ---- Bit manipulations shared by the one-token GEMVs (gemv.cu, gemv_int8.cu) -------------------------------
+
+__device__ __forceinline__ float half_bits_to_float(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
+
+// Bit i of the 4-bit `bits` moved to bit 4 of byte i: the fifth bits of 4 Q5_0 values, ready to OR onto
+// their nibbles. (The multiplication copies the nibble to bit offsets 0, 7, 14 and 21, so that bit i of
+// copy i lands on bit 8i.)
+__device__ __forceinline__ std::uint32_t spread_fifth_bits(std::uint32_t bits) {
+    return (((bits & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
+}
+
 // Value i of a row, one at a time (the embedding lookup). The arithmetic is spelled out with the _rn
 // intrinsics so the compiler cannot fuse d * q + m into one FMA: the result is then bit-identical to
 // gguf.quants.dequantize, which rounds the product and the sum separately.

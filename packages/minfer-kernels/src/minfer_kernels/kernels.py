@@ -31,6 +31,7 @@ rope_f32 = _kernels.rope_f32
 embed_rows = _kernels.embed_rows
 matmul = _kernels.matmul
 gemv = _kernels.gemv
+gemv_int8 = _kernels.gemv_int8
 gemv_swiglu = _kernels.gemv_swiglu
 gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
 gemm = _kernels.gemm
@@ -56,6 +57,7 @@ __all__ = [
     "gemm",
     "gemm_group",
     "gemv",
+    "gemv_int8",
     "gemv_qkv_rope_store",
     "gemv_swiglu",
     "kv_store_f32",
