@@ -77,8 +77,7 @@ struct Int8Q4_0 {
     static constexpr int ZERO = 8;
     static constexpr bool HAS_OFFSET = false;
     struct Raw {
-        std::uint32_t qs;
-        std::uint32_t d;
+        std::uint32_t qs, d;
     };
     __device__ static Raw load(const std::uint8_t* row, int block, int t) {
         const BlockQ4_0* b = reinterpret_cast<const BlockQ4_0*>(row) + block;
@@ -113,8 +112,7 @@ struct Int8Q5_0 {
     static constexpr int ZERO = 16;
     static constexpr bool HAS_OFFSET = false;
     struct Raw {
-        std::uint32_t qs, qh;
-        std::uint32_t d;
+        std::uint32_t qs, qh, d;
     };
     __device__ static Raw load(const std::uint8_t* row, int block, int t) {
         const BlockQ5_0* b = reinterpret_cast<const BlockQ5_0*>(row) + block;
@@ -131,8 +129,7 @@ struct Int8Q8_0 {
     static constexpr int ZERO = 0;
     static constexpr bool HAS_OFFSET = false;
     struct Raw {
-        std::uint32_t low, high;
-        std::uint32_t d;
+        std::uint32_t low, high, d;
     };
     __device__ static Raw load(const std::uint8_t* row, int block, int t) {
         const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(row) + block;
