@@ -190,17 +190,31 @@ inline std::size_t shared_bytes(int type, int in_features) {
     return STAGES * chunk_bytes(row_bytes(type, in_features)) + QuantizedX::bytes(in_features);
 }
 
+// ---- The sm_90 instructions ---------------------------------------------------------------------------------
+//
+// Each wrapper compiles to its instruction on sm_90+ and to a trap elsewhere: the kernel is compiled for every
+// architecture of the fat binary, and minfer_gemv_int8_takes launches it only on sm_90+.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-
+#define MINFER_SM90 1
 __device__ __forceinline__ unsigned shared_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
+#else
+#define MINFER_SM90 0
+#endif
 
 // The copy engine's side of a chunk buffer: an mbarrier that completes when the chunk's bytes have landed.
+// Made visible to the copy engine by the fence, and to the other threads by a __syncthreads that follows.
 __device__ __forceinline__ void init_arrival(std::uint64_t* barrier) {
+#if MINFER_SM90
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    __trap();
+#endif
 }
 __device__ __forceinline__ void wait_arrival(std::uint64_t* barrier, unsigned parity) {
+#if MINFER_SM90
     unsigned done = 0;
     do {
         asm volatile(
@@ -209,6 +223,9 @@ __device__ __forceinline__ void wait_arrival(std::uint64_t* barrier, unsigned pa
             : "r"(shared_address(barrier)), "r"(parity)
             : "memory");
     } while (!done);
+#else
+    __trap();
+#endif
 }
 
 // Rows chunk * CHUNK_ROWS .. of W (one stretch of memory) into `buffer`, `arrival` completing when they are
@@ -220,6 +237,7 @@ __device__ void fetch_chunk(const Int8GemvInput& in, int chunk, std::uint8_t* bu
     const unsigned bytes = unsigned(rows * in.row_bytes);
     const unsigned copied = bytes / COPY_ALIGNMENT * COPY_ALIGNMENT;
     const std::uint8_t* source = in.weight + std::size_t(chunk) * chunk_bytes(in.row_bytes);
+#if MINFER_SM90
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(arrival)), "r"(copied)
                  : "memory");
     if (copied > 0) {
@@ -229,7 +247,31 @@ __device__ void fetch_chunk(const Int8GemvInput& in, int chunk, std::uint8_t* bu
             "l"(source), "r"(copied), "r"(shared_address(arrival))
             : "memory");
     }
+#else
+    __trap();
+#endif
     for (unsigned i = copied; i < bytes; ++i) buffer[i] = source[i];
+}
+
+// The largest of the 32 lanes' non-negative `value`s, every lane getting it: one redux.sync over their bits
+// (non-negative floats order as their bits do).
+__device__ __forceinline__ float warp_max_of_non_negative(float value) {
+#if MINFER_SM90
+    return __uint_as_float(__reduce_max_sync(FULL_WARP, __float_as_uint(value)));
+#else
+    __trap();
+    return value;
+#endif
+}
+
+// The sum of the 32 lanes' `value`s, every lane getting it: one redux.sync.
+__device__ __forceinline__ int warp_sum_int(int value) {
+#if MINFER_SM90
+    return __reduce_add_sync(FULL_WARP, value);
+#else
+    __trap();
+    return value;
+#endif
 }
 
 // Quantizes x (times the norm weight) into `q`, warp `warp` taking blocks warp, warp + WARPS, ...; returns
@@ -243,8 +285,7 @@ __device__ float quantize_x(const Int8GemvInput& in, const QuantizedX& q, int wa
         const float raw = in.x[i];
         x_squares += raw * raw;
         const float value = in.norm_weight != nullptr ? raw * in.norm_weight[i] : raw;
-        // Non-negative floats order as their bits do: the block's maximum |value| in one redux.sync.
-        const float largest = __uint_as_float(__reduce_max_sync(FULL_WARP, __float_as_uint(fabsf(value))));
+        const float largest = warp_max_of_non_negative(fabsf(value));
         // value / largest first: 127 / largest overflows when largest is subnormal.
         const float scaled = largest > 0.0f ? value / largest * Q1_MAX : 0.0f;
         const float q1 = rintf(scaled);
@@ -256,7 +297,7 @@ __device__ float quantize_x(const Int8GemvInput& in, const QuantizedX& q, int wa
 #pragma unroll
         for (int c = 0; c < PARTS; ++c) {
             q.parts[c * q.part_stride + i] = std::int8_t(part[c]);
-            part_sum[c] = __reduce_add_sync(FULL_WARP, part[c]);
+            part_sum[c] = warp_sum_int(part[c]);
         }
         if (lane == 0) {
             const float scale = largest / Q1_MAX;
@@ -275,10 +316,15 @@ __device__ float quantize_x(const Int8GemvInput& in, const QuantizedX& q, int wa
 // k 16+4t..; column g}, c and d = {row g, columns 2t, 2t+1; row g+8, the same columns}.
 __device__ __forceinline__ void mma_int8(int (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1,
                                          int c0, int c1) {
+#if MINFER_SM90
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%10, %11, %12, %13};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c0), "r"(c1), "r"(c0), "r"(c1));
+#else
+    __trap();
+    d[0] = d[1] = d[2] = d[3] = 0;
+#endif
 }
 
 // The products of blocks begin .. end - 1 of the chunk's rows (staged at `chunk`), added to `sums` (tile,
@@ -324,13 +370,11 @@ __device__ __forceinline__ void chunk_products(const std::uint8_t* chunk, long l
     }
 }
 
-#endif
 
 // Block: WARPS warps; blockIdx.x: the first of the chunks of CHUNK_ROWS rows the block takes, gridDim.x
 // apart (the grid is what the GPU holds at once, so each block quantizes x once for many chunks).
 template <class Format, bool ADD_RESIDUAL>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_int8(Int8GemvInput in) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) std::uint8_t shared[];
     __shared__ std::uint64_t arrival[STAGES];
     __shared__ float warp_squares[WARPS];
@@ -344,7 +388,6 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_int8(Int8GemvInput in)
     // W does not depend on the previous kernel: its first chunks are on their way before the wait.
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) init_arrival(&arrival[s]);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int k = 0; k < min(STAGES, my_chunks); ++k)
             fetch_chunk(in, blockIdx.x + k * gridDim.x, shared + k * stage_bytes, &arrival[k]);
     }
@@ -395,9 +438,6 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_int8(Int8GemvInput in)
             in.y[row] = sum;
         }
     }
-#else
-    __trap();  // launch_gemv_int8 launches only on sm_90+ (minfer_gemv_int8_takes)
-#endif
 }
 
 // The launch of one format and epilogue: a grid of what the GPU holds at once, at most one block per chunk.
