@@ -8,7 +8,7 @@ nox -s chat -- ARGS        `minfer-chat`
 nox -s bench -- ARGS       `minfer bench`
 nox -s build      wheels of the three packages into dist/
 nox -s docs       check that the docs' code references exist
-nox -s reference  regenerate the committed logits fixtures (torch + transformers, CPU)
+nox -s reference  regenerate the committed logits fixtures (torch + transformers + llama.cpp's converter, CPU)
 nox -s tokenizer_fixture   regenerate the committed tokenizer fixture from an independent tokenizer
 """
 
@@ -101,12 +101,31 @@ def docs(session: nox.Session) -> None:
     session.run("python", "tools/check_docs.py")
 
 
+LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"  # its sdist vendors llama.cpp's source: the converter, llama-quantize
+REFERENCE_DIR = ".reference"  # ignored: downloaded sources and converted models, never committed
+
+
+def llama_cpp_source(session: nox.Session) -> str:
+    """llama.cpp's source from the llama-cpp-python sdist on PyPI, downloaded and unpacked once into REFERENCE_DIR."""
+    target = os.path.join(REFERENCE_DIR, LLAMA_CPP_SDIST.replace("==", "-") + "-llama.cpp")
+    if not os.path.isdir(target):
+        os.makedirs(REFERENCE_DIR, exist_ok=True)
+        session.run(
+            "python", "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", LLAMA_CPP_SDIST,
+            "-d", REFERENCE_DIR,
+        )  # fmt: skip
+        session.run("python", "tools/unpack_llama_cpp.py", REFERENCE_DIR, target)
+    return target
+
+
 @nox.session
 def reference(session: nox.Session) -> None:
-    """Regenerate the reference fixtures with HF transformers on the CPU (torch from this machine's disk)."""
-    session.install(f"./{RUNTIME}", "torch==2.13.0", "transformers", "sentencepiece", "protobuf")
+    """Regenerate the reference fixtures with HF transformers on the CPU (torch from this machine's disk), the
+    converted ones through llama.cpp's own convert_hf_to_gguf.py. `nox -s reference -- --only hf-llama3`."""
+    session.install(f"./{RUNTIME}", "torch==2.13.0", "transformers", "sentencepiece", "protobuf", "safetensors")
     install_default_model(session)
-    session.run("python", "tools/make_reference_fixtures.py", *session.posargs)
+    source = llama_cpp_source(session)
+    session.run("python", "tools/make_reference_fixtures.py", "--llama-cpp", source, *session.posargs)
 
 
 @nox.session

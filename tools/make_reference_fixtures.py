@@ -1,11 +1,20 @@
-"""Write the logits fixtures the CPU engine is tested against, using HF transformers as the reference.
+"""Write the logits fixtures the engine is tested against, using HF transformers as the reference.
 
 Run through `nox -s reference` (it installs torch and transformers, which the
-tests themselves never need). For each model, the GGUF's weights are
-dequantized with gguf.quants and loaded into transformers' own Llama / Qwen2
-implementation in float32; for each prompt the fixture records the token ids,
-the last position's logits and the greedy continuation. Tests feed the same ids
-to minfer and compare.
+tests themselves never need, and downloads llama.cpp's source for its converter).
+Two kinds of fixture:
+
+- GGUF first (the default model, minfer's synthetic models): the GGUF's weights
+  are dequantized with gguf.quants and loaded into transformers' own Llama /
+  Qwen2 implementation in float32.
+- transformers first (minfer.testing.hf_reference: Llama 3 RoPE, linear, YaRN):
+  a tiny model is saved by transformers and converted by llama.cpp's own
+  convert_hf_to_gguf.py, as users' files are made; the fixture records the
+  converter's metadata and tensor digest, so the tests can write the same file
+  again without torch (write_reference_gguf), and this script checks they do.
+
+For each prompt the fixture records the token ids, the last position's logits
+and the greedy continuation. Tests feed the same ids to minfer and compare.
 
 Layout note: llama.cpp's converter permutes the rows of llama's Q and K weights
 so that RoPE rotates adjacent pairs; transformers rotates halves. Loading a
@@ -16,7 +25,10 @@ NeoX RoPE and are stored unpermuted).
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +40,11 @@ from minfer.chat_template import ChatTemplate
 from minfer.gguf_file import GGUFFile
 from minfer.model_store import KNOWN_MODELS, resolve_model
 from minfer.models.config import ModelConfig
+from minfer.models.rope import FREQ_FACTORS_TENSOR
 from minfer.quants import dequantize
+from minfer.testing.hf_reference import REFERENCES, HFReference, hf_weights, recorded_metadata, write_reference_gguf
 from minfer.testing.synthetic import weights_digest, write_synthetic_model
+from minfer.testing.vocab import CORPUS
 from minfer.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "packages/minfer-runtime/tests/fixtures"
@@ -66,7 +81,7 @@ def hf_model(gguf: GGUFFile, config: ModelConfig) -> torch.nn.Module:
         head_dim=config.head_dim,
         max_position_embeddings=config.context_length,
         rms_norm_eps=config.rms_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope.freq_base},
         tie_word_embeddings=config.tied_output,
         attn_implementation="eager",
         torch_dtype=torch.float32,
@@ -127,17 +142,18 @@ def reference_run(model: torch.nn.Module, ids: list[int]) -> tuple[np.ndarray, l
 
 def write_fixture(name: str, path: Path, prompts: list[list[int]], source: str) -> None:
     gguf = GGUFFile(path)
-    config = ModelConfig.from_gguf(gguf)
-    model = hf_model(gguf, config)
+    model = hf_model(gguf, ModelConfig.from_gguf(gguf))
+    save_fixture(name, model, prompts, {"model": source, "weights_sha256": weights_digest(gguf)})
+
+
+def save_fixture(name: str, model: torch.nn.Module, prompts: list[list[int]], meta: dict) -> None:
     arrays: dict[str, np.ndarray] = {}
     for index, ids in enumerate(prompts):
         logits, continuation = reference_run(model, ids)
         arrays[f"ids_{index}"] = np.asarray(ids, dtype=np.int32)
         arrays[f"logits_{index}"] = logits
         arrays[f"greedy_{index}"] = np.asarray(continuation, dtype=np.int32)
-    meta = {
-        "model": source,
-        "weights_sha256": weights_digest(gguf),
+    meta |= {
         "prompts": len(prompts),
         "reference": f"transformers {transformers.__version__} ({type(model).__name__}, eager attention, float32), "
         f"torch {torch.__version__}",
@@ -148,30 +164,93 @@ def write_fixture(name: str, path: Path, prompts: list[list[int]], source: str) 
     print(f"{name}: {len(prompts)} prompts -> {FIXTURES / f'reference_{name}.npz'}")
 
 
+def save_hf_model(reference: HFReference, folder: Path) -> torch.nn.Module:
+    """Save the model as transformers does (config.json, safetensors), with a SentencePiece tokenizer.model
+    trained on minfer's small corpus: the converter needs some vocabulary, the math does not."""
+    import sentencepiece
+
+    config = {key: value for key, value in reference.hf_config().items() if key not in ("architectures", "model_type")}
+    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if reference.architecture == "llama" else (
+        Qwen2Config, Qwen2ForCausalLM)  # fmt: skip
+    model = model_class(config_class(**config, attn_implementation="eager"))
+    state = {name: torch.from_numpy(values) for name, values in hf_weights(reference).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (reference.tied and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise SystemExit(f"{reference.name}: state dict mismatch: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(folder)
+    tokenizer = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(line for line in CORPUS.splitlines() if line.strip()),
+        model_writer=tokenizer,
+        vocab_size=480,
+        model_type="bpe",
+        byte_fallback=True,
+    )
+    (folder / "tokenizer.model").write_bytes(tokenizer.getvalue())
+    return model.eval()
+
+
+def write_converted_fixture(reference: HFReference, llama_cpp: Path, workdir: Path, rng: np.random.Generator) -> None:
+    folder = workdir / reference.name
+    model = save_hf_model(reference, folder)
+    converted = workdir / f"{reference.name}.gguf"
+    converter = llama_cpp / "convert_hf_to_gguf.py"
+    subprocess.run([sys.executable, converter, "--outtype", "f32", "--outfile", converted, folder], check=True)
+    gguf = GGUFFile(converted)
+    extra = [name for name in gguf.tensors if name == FREQ_FACTORS_TENSOR]
+    meta = {
+        "model": f"{reference.name} (minfer.testing.hf_reference), converted by {llama_cpp.name}/{converter.name}",
+        "reference_model": reference.name,
+        "weights_sha256": weights_digest(gguf),
+        "metadata": recorded_metadata(converted),
+        "extra_tensors": {name: [float(v) for v in gguf.tensors[name].data.view(np.float32)] for name in extra},
+    }
+    copy = write_reference_gguf(workdir / f"{reference.name}-copy.gguf", reference, meta)
+    if weights_digest(GGUFFile(copy)) != meta["weights_sha256"]:
+        raise SystemExit(f"{reference.name}: write_reference_gguf does not reproduce the converter's tensors")
+    prompts = [[int(t) for t in rng.integers(3, reference.vocab_size, size=n)] for n in reference.prompt_lengths]
+    save_fixture(reference.name, model, prompts, meta)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/minfer-reference"))
+    parser.add_argument(
+        "--llama-cpp", type=Path, required=True, help="llama.cpp's source, its folder named after its version"
+    )
+    parser.add_argument("--only", nargs="*", help="write only these fixtures (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     args.workdir.mkdir(parents=True, exist_ok=True)
 
-    default = KNOWN_MODELS["smollm2"]
-    path = resolve_model(default.name)
-    gguf = GGUFFile(path)
-    tokenizer = Tokenizer.from_gguf(gguf)
-    template = ChatTemplate.from_gguf(gguf, tokenizer)
-    prompts = [
-        tokenizer.encode(template.render([{"role": "user", "content": text}], add_generation_prompt=True))
-        for text in CHAT_PROMPTS
-    ]
-    write_fixture("smollm2", path, prompts, f"{default.package}=={default.version}/{default.filename}")
+    def wanted(name: str) -> bool:
+        return not args.only or name in args.only
 
-    rng = np.random.default_rng(2026)
+    if wanted("smollm2"):
+        default = KNOWN_MODELS["smollm2"]
+        path = resolve_model(default.name)
+        gguf = GGUFFile(path)
+        tokenizer = Tokenizer.from_gguf(gguf)
+        template = ChatTemplate.from_gguf(gguf, tokenizer)
+        prompts = [
+            tokenizer.encode(template.render([{"role": "user", "content": text}], add_generation_prompt=True))
+            for text in CHAT_PROMPTS
+        ]
+        write_fixture("smollm2", path, prompts, f"{default.package}=={default.version}/{default.filename}")
+
+    rng = np.random.default_rng(2026)  # the synthetic fixtures' prompts, drawn in this order
     for name, preset, weight_type, seed in SYNTHETIC:
         synthetic = write_synthetic_model(args.workdir / f"{name}.gguf", preset, weight_type=weight_type, seed=seed)
         vocab = ModelConfig.from_gguf(GGUFFile(synthetic)).vocab_size
         prompts = [[int(t) for t in rng.integers(3, vocab, size=n)] for n in (1, 7, 16, 33, 64)]
-        write_fixture(name, synthetic, prompts, f"minfer.testing.synthetic preset={preset} {weight_type} seed={seed}")
+        if wanted(name):
+            source = f"minfer.testing.synthetic preset={preset} {weight_type} seed={seed}"
+            write_fixture(name, synthetic, prompts, source)
+
+    for name, reference in REFERENCES.items():
+        if wanted(name):
+            write_converted_fixture(reference, args.llama_cpp, args.workdir, np.random.default_rng(reference.seed))
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ def main() -> None:
     # The fused one-token kernels of a decode layer (gemv.cu), norm included.
     norm, qkv_rows = floats(HIDDEN), (HEADS + 2 * KV_HEADS) * HEAD_DIM
     caches, positions = floats(2 * 4096 * KV_HEADS * HEAD_DIM), mk.upload(np.array([1000], np.int32), h)
-    keep.append(positions)
+    inv_freq = mk.upload(1e6 ** (-2.0 * np.arange(HEAD_DIM // 2) / HEAD_DIM), h)  # the RoPE table (rope.cuh)
+    keep += [positions, inv_freq]
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0):
         part_bytes = mk.row_bytes(ggml_type, HIDDEN) * FFN
         gate, up, x, act = device(part_bytes), device(part_bytes), floats(HIDDEN), floats(FFN)
@@ -142,7 +143,7 @@ def main() -> None:
         k_cache, v_cache = caches, caches + 4 * 4096 * KV_HEADS * HEAD_DIM
         biases = (floats(HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM))
         outputs = (*biases, floats(HEADS * HEAD_DIM), k_cache, v_cache, positions.ptr)  # biases, q, caches, ...
-        heads = (HIDDEN, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, 1e6, kernels.ROPE_NEOX, 4096)
+        heads = (HIDDEN, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, 4096)
         qkv_args = (*weights, x, norm, 1e-6, *outputs, *heads, h)
         cases.append(
             (
@@ -163,7 +164,9 @@ def main() -> None:
         (
             "rope q 14x64",
             8 * HEADS * HEAD_DIM,
-            lambda: kernels.rope_f32(q, position.ptr, 1, HEADS, HEAD_DIM, HEAD_DIM, 1e6, kernels.ROPE_NEOX, h),
+            lambda: kernels.rope_f32(
+                q, position.ptr, 1, HEADS, HEAD_DIM, HEAD_DIM, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, h
+            ),
         )
     )
 

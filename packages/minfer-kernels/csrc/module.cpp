@@ -233,10 +233,11 @@ void bind_kernels(nb::module_& k) {
                     "out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight over [rows][d]; out may alias x.", "x"_a,
                     "weight"_a, "out"_a, "rows"_a, "d"_a, "eps"_a, "stream"_a);
     MINFER_LAUNCHER(k, "rope_f32", launch_rope_f32,
-                    "Rotate x [n_tokens][n_heads*head_dim] in place by positions (device int32 [n_tokens]); "
-                    "mode 0 = normal (adjacent pairs), 2 = NeoX (halves); n_rot <= head_dim, even.",
-                    "x"_a, "positions"_a, "n_tokens"_a, "n_heads"_a, "head_dim"_a, "n_rot"_a, "freq_base"_a,
-                    "mode"_a, "stream"_a);
+                    "Rotate x [n_tokens][n_heads*head_dim] in place: pair p by positions[t] * inv_freq[p] "
+                    "(device int32 [n_tokens], device float64 [n_rot/2]), cos and sin times mscale; mode 0 = "
+                    "normal (adjacent pairs), 2 = NeoX (halves); n_rot <= head_dim, even.",
+                    "x"_a, "positions"_a, "n_tokens"_a, "n_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a,
+                    "mscale"_a, "mode"_a, "stream"_a);
     MINFER_LAUNCHER(k, "embed_rows", launch_embed_rows,
                     "out[t] = dequantized table[ids[t]] for a GGUF table of n_rows rows of d values (GGML type "
                     "`type`); ids: device int32 [n_tokens]; an id outside the table traps.",
@@ -277,13 +278,13 @@ void bind_kernels(nb::module_& k) {
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemv_qkv_rope_store", launch_gemv_qkv_rope_store,
                     "One token: q = Wq h + bq, k = Wk h + bk, v = Wv h + bv (each weight its own GGML type; a bias "
-                    "0: none); RoPE (mode as rope_f32) on the q and k heads at positions[0]; q to `q`, k and v to "
+                    "0: none); RoPE (inv_freq, mscale and mode as rope_f32) on the q and k heads at positions[0]; q to `q`, k and v to "
                     "row positions[0] of the caches ([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 "
                     "traps. h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",
                     "wq"_a, "q_type"_a, "wk"_a, "k_type"_a, "wv"_a, "v_type"_a, "x"_a, "norm_weight"_a, "eps"_a,
                     "bq"_a, "bk"_a, "bv"_a, "q"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "in_features"_a,
-                    "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a, "freq_base"_a, "mode"_a, "n_ctx"_a,
-                    "stream"_a);
+                    "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a,
+                    "n_ctx"_a, "stream"_a);
     MINFER_LAUNCHER(k, "kv_store_f32", launch_kv_store_f32,
                     "k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t] (rows of kv_dim floats); "
                     "positions: device int32 [n_tokens]; a position outside 0..n_ctx-1 traps.",
@@ -301,7 +302,7 @@ void bind_kernels(nb::module_& k) {
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
                     "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "stream"_a);
     MINFER_LAUNCHER(k, "argmax_f32", launch_argmax_f32,
-                    "out[r] = argmax x[r] (int32, lowest index on ties) over [rows][n]; `workspace`: "
+                    "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",
                     "x"_a, "out"_a, "workspace"_a, "rows"_a, "n"_a, "stream"_a);
 }

@@ -155,21 +155,29 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(np.float64)
 
 
-def rope(x, positions, n_heads, head_dim, n_rot, freq_base, mode):
-    """(rotated x, per-element error scale |a| + |b| of the element's pair) as in llama.cpp's rope."""
+def rope_inv_freq(freq_base: float, n_rot: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """The float64 pair frequencies the kernels read: freq_base^(-2p/n_rot), each divided by a random factor
+    in [1, 8) when `rng` is given (RoPE scaling, as Llama 3's factors or YaRN, only changes the table)."""
+    inv_freq = freq_base ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    return inv_freq if rng is None else inv_freq / rng.uniform(1.0, 8.0, n_rot // 2)
+
+
+def rope(x, positions, n_heads, head_dim, n_rot, inv_freq, mscale, mode):
+    """(rotated x, per-element error scale mscale (|a| + |b|) of the element's pair) as in llama.cpp's rope:
+    pair p turns by position * inv_freq[p], its cos and sin times mscale."""
     n_tokens = x.shape[0]
     heads = x.reshape(n_tokens, n_heads, head_dim).astype(np.float64)
     out = heads.copy()
     scale = np.abs(heads).copy()
     half = n_rot // 2
     p = np.arange(half)
-    theta = positions.astype(np.float64)[:, None] * freq_base ** (-2.0 * p / n_rot)  # [n_tokens][half]
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    theta = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [n_tokens][half]
+    cos, sin = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
     first, second = (p, p + half) if mode == mk.kernels.ROPE_NEOX else (2 * p, 2 * p + 1)
     a, b = heads[:, :, first], heads[:, :, second]
     out[:, :, first] = a * cos - b * sin
     out[:, :, second] = a * sin + b * cos
-    scale[:, :, first] = scale[:, :, second] = np.abs(a) + np.abs(b)
+    scale[:, :, first] = scale[:, :, second] = max(mscale, 1.0) * (np.abs(a) + np.abs(b))
     return out.reshape(x.shape), scale.reshape(x.shape)
 
 

@@ -59,9 +59,9 @@ def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
     with pytest.raises(ValueError, match="launch_embed_rows refused"):
         kernels.embed_rows(p, 10, p, p, 1, 256, 4, h)  # type 10 is Q2_K
     with pytest.raises(ValueError, match="n_rot must be even"):
-        kernels.rope_f32(p, p, 1, 2, 64, 63, 1e4, kernels.ROPE_NEOX, h)
+        kernels.rope_f32(p, p, 1, 2, 64, 63, p, 1.0, kernels.ROPE_NEOX, h)
     with pytest.raises(ValueError, match="mode must be"):
-        kernels.rope_f32(p, p, 1, 2, 64, 64, 1e4, 1, h)
+        kernels.rope_f32(p, p, 1, 2, 64, 64, p, 1.0, 1, h)
     with pytest.raises(ValueError, match="head_dim must be a multiple of 32"):
         kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, h)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):

@@ -23,6 +23,7 @@ from kernel_testing import (
     requires_gpu,
     rms_norm,
     rope,
+    rope_inv_freq,
     silu,
     to_device,
 )
@@ -207,11 +208,13 @@ def test_gemv_of_many_rows_reads_weights_the_copy_engine_cannot(rng, stream, dev
 
 
 QKV_CASES = [
-    # n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias
-    (14, 2, 64, 64, 1e6, kernels.ROPE_NEOX, True),  # Qwen2.5-0.5B
-    (9, 3, 64, 64, 1e4, kernels.ROPE_NORMAL, False),  # SmolLM2 (llama rope, no bias)
-    (4, 4, 128, 96, 1e4, kernels.ROPE_NORMAL, True),  # partial rotary
-    (3, 1, 80, 32, 1e4, kernels.ROPE_NEOX, False),  # partial NeoX
+    # n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled (RoPE scaling: a scaled table, mscale)
+    (14, 2, 64, 64, 1e6, kernels.ROPE_NEOX, True, False),  # Qwen2.5-0.5B
+    (14, 2, 64, 64, 1e6, kernels.ROPE_NEOX, True, True),  # Qwen2.5 with YaRN
+    (9, 3, 64, 64, 1e4, kernels.ROPE_NORMAL, False, False),  # SmolLM2 (llama rope, no bias)
+    (8, 2, 64, 64, 5e5, kernels.ROPE_NORMAL, False, True),  # Llama 3.2 with its rope_freqs factors
+    (4, 4, 128, 96, 1e4, kernels.ROPE_NORMAL, True, False),  # partial rotary
+    (3, 1, 80, 32, 1e4, kernels.ROPE_NEOX, False, True),  # partial NeoX
 ]
 
 
@@ -225,9 +228,13 @@ QKV_TYPES = [(t, t, t) for t in ALL_TYPES] + [
 ]
 
 
-@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias"), QKV_CASES)
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias", "scaled"), QKV_CASES
+)
 @pytest.mark.parametrize("types", QKV_TYPES, ids=lambda ts: "-".join(t.name for t in ts))
-def test_gemv_qkv_rope_store(rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias):
+def test_gemv_qkv_rope_store(
+    rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled
+):
     d, n_ctx = max(width(t) for t in types), 37
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     parts = [random_weights(rng, rows, d, t, scale=0.5) for rows, t in zip((q_dim, kv_dim, kv_dim), types, strict=True)]
@@ -240,10 +247,11 @@ def test_gemv_qkv_rope_store(rng, stream, dev, types, n_heads, n_kv_heads, head_
     q = poisoned(q_dim, np.float32, stream)
     weight_args = [arg for (raw, _), t in zip(parts, types, strict=True) for arg in (dev(raw), t)]
     bias_args = [dev(b) if bias else 0 for b in biases]
+    inv_freq, mscale = rope_inv_freq(freq_base, n_rot, rng if scaled else None), 1.2 if scaled else 1.0
     kernels.gemv_qkv_rope_store(
         *weight_args, dev(x), dev(norm_weight), EPS, *bias_args, q.ptr, k_cache.ptr, v_cache.ptr,
-        dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, n_ctx,
-        stream.handle,
+        dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, dev(inv_freq), mscale, mode,
+        n_ctx, stream.handle,
     )  # fmt: skip
 
     products, condition = references(values, rms_norm(x, norm_weight, EPS))
@@ -256,8 +264,9 @@ def test_gemv_qkv_rope_store(rng, stream, dev, types, n_heads, n_kv_heads, head_
     def rotated(values, conditions, heads):
         # A rotated value's error is at most its pair's two product errors plus the rotation's rounding:
         # rope()'s scale of the conditions is that pair sum, its scale of the values |a| + |b|.
-        reference, value_scale = rope(values[None], np.array([position]), heads, head_dim, n_rot, freq_base, mode)
-        _, condition_scale = rope(conditions[None], np.array([position]), heads, head_dim, n_rot, freq_base, mode)
+        table = (n_rot, inv_freq, mscale, mode)
+        reference, value_scale = rope(values[None], np.array([position]), heads, head_dim, *table)
+        _, condition_scale = rope(conditions[None], np.array([position]), heads, head_dim, *table)
         return reference[0], condition_scale[0] + value_scale[0]
 
     q_ref, q_scale = rotated(q_in, q_cond, n_heads)
@@ -281,4 +290,5 @@ def test_gemv_refuses_what_it_cannot_read(stream):
         kernels.gemv(p, mk.GGMLType.Q4_K, p, 0, EPS, 0, p, 896, 4, h)  # 896 is not whole super-blocks
     q8 = mk.GGMLType.Q8_0
     with pytest.raises(ValueError, match=r"launch_gemv_qkv_rope_store refused .*n_rot"):
-        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, 2, 1, 64, 66, 1e4, 0, 8, h)
+        heads = (2, 1, 64, 66)  # n_rot 66 > head_dim 64
+        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, p, 1.0, 0, 8, h)

@@ -4,7 +4,17 @@ decode step stays valid as the sequence grows (positions and KV length live in d
 from __future__ import annotations
 
 import numpy as np
-from kernel_testing import assert_close, attention, from_device, quantize, randn, requires_gpu, rope, to_device
+from kernel_testing import (
+    assert_close,
+    attention,
+    from_device,
+    quantize,
+    randn,
+    requires_gpu,
+    rope,
+    rope_inv_freq,
+    to_device,
+)
 
 import minfer_kernels as mk
 from minfer_kernels import kernels
@@ -82,9 +92,10 @@ def test_a_captured_decode_step_stays_valid_as_the_sequence_grows(rng, stream):
     k_cache.copy_from_host(k_host, h)
     v_cache.copy_from_host(v_host, h)
 
+    inv_freq = mk.upload(rope_inv_freq(1e6, head_dim), h)
     mk.begin_capture(h)
-    kernels.rope_f32(q.ptr, position.ptr, 1, n_heads, head_dim, head_dim, 1e6, kernels.ROPE_NEOX, h)
-    kernels.rope_f32(k.ptr, position.ptr, 1, n_kv_heads, head_dim, head_dim, 1e6, kernels.ROPE_NEOX, h)
+    kernels.rope_f32(q.ptr, position.ptr, 1, n_heads, head_dim, head_dim, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, h)
+    kernels.rope_f32(k.ptr, position.ptr, 1, n_kv_heads, head_dim, head_dim, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, h)
     kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, position.ptr, 1, kv_dim, n_ctx, h)
     kernels.attention_decode_f32(
         q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, kv_len.ptr, workspace.ptr,
@@ -102,8 +113,9 @@ def test_a_captured_decode_step_stays_valid_as_the_sequence_grows(rng, stream):
         step.launch(h)
         got = from_device(out, (1, q_dim), np.float32, stream)
 
-        q_rot, _ = rope(q_new, np.array([pos]), n_heads, head_dim, head_dim, 1e6, kernels.ROPE_NEOX)
-        k_rot, _ = rope(k_new, np.array([pos]), n_kv_heads, head_dim, head_dim, 1e6, kernels.ROPE_NEOX)
+        table = (rope_inv_freq(1e6, head_dim), 1.0, kernels.ROPE_NEOX)
+        q_rot, _ = rope(q_new, np.array([pos]), n_heads, head_dim, head_dim, *table)
+        k_rot, _ = rope(k_new, np.array([pos]), n_kv_heads, head_dim, head_dim, *table)
         k_host[pos], v_host[pos] = k_rot[0], v_new[0]
         expected = attention(q_rot, k_host, v_host, [pos], n_heads, n_kv_heads, head_dim)
         assert_close(got, expected, 2e-5, scale=np.abs(v_host[: pos + 1]).max(), what=f"step at position {pos}")

@@ -2,15 +2,25 @@
 
 Error bounds:
     rms_norm   1e-5 relative to |reference| (a float32 sum of d squares, rsqrtf, two products)
-    rope       1e-6 relative to |a| + |b| of the rotated pair (cos/sin rounded to float32, then two
-               products and a sum); dimensions past n_rot must come back bit for bit
+    rope       1e-6 relative to max(mscale, 1) (|a| + |b|) of the rotated pair (cos/sin rounded to float32
+               and scaled, then two products and a sum); dimensions past n_rot must come back bit for bit
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_testing import assert_close, from_device, poisoned, randn, requires_gpu, rms_norm, rope, to_device
+from kernel_testing import (
+    assert_close,
+    from_device,
+    poisoned,
+    randn,
+    requires_gpu,
+    rms_norm,
+    rope,
+    rope_inv_freq,
+    to_device,
+)
 
 from minfer_kernels import kernels
 
@@ -35,45 +45,40 @@ def test_rms_norm_in_place(rng, stream, dev):
 
 
 ROPE_CASES = [
-    # n_tokens, n_heads, head_dim, n_rot, freq_base, mode
-    (1, 14, 64, 64, 1e6, kernels.ROPE_NEOX),  # Qwen2.5 queries, one decode token
-    (33, 2, 64, 64, 1e6, kernels.ROPE_NEOX),  # Qwen2.5 keys, a prompt
-    (33, 9, 64, 64, 1e4, kernels.ROPE_NORMAL),  # SmolLM2 (llama rope)
-    (7, 4, 128, 96, 1e4, kernels.ROPE_NORMAL),  # partial rotary: dims 96..127 untouched
-    (5, 3, 80, 32, 1e4, kernels.ROPE_NEOX),  # partial NeoX
-    (200, 8, 256, 256, 1e6, kernels.ROPE_NEOX),
+    # n_tokens, n_heads, head_dim, n_rot, freq_base, mode, scaled (random per-pair factors, mscale 1.2)
+    (1, 14, 64, 64, 1e6, kernels.ROPE_NEOX, False),  # Qwen2.5 queries, one decode token
+    (33, 2, 64, 64, 1e6, kernels.ROPE_NEOX, True),  # Qwen2.5 keys, a prompt, YaRN-like table
+    (33, 9, 64, 64, 1e4, kernels.ROPE_NORMAL, False),  # SmolLM2 (llama rope)
+    (17, 8, 64, 64, 5e5, kernels.ROPE_NORMAL, True),  # Llama 3.2 with its rope_freqs factors
+    (7, 4, 128, 96, 1e4, kernels.ROPE_NORMAL, False),  # partial rotary: dims 96..127 untouched
+    (5, 3, 80, 32, 1e4, kernels.ROPE_NEOX, True),  # partial NeoX
+    (200, 8, 256, 256, 1e6, kernels.ROPE_NEOX, False),
 ]
 
 
-@pytest.mark.parametrize(("n_tokens", "n_heads", "head_dim", "n_rot", "freq_base", "mode"), ROPE_CASES)
-def test_rope(rng, stream, dev, n_tokens, n_heads, head_dim, n_rot, freq_base, mode):
+@pytest.mark.parametrize(("n_tokens", "n_heads", "head_dim", "n_rot", "freq_base", "mode", "scaled"), ROPE_CASES)
+def test_rope(rng, stream, dev, n_tokens, n_heads, head_dim, n_rot, freq_base, mode, scaled):
     x = randn(rng, n_tokens, n_heads * head_dim)
     positions = rng.choice(100_000, size=n_tokens, replace=False).astype(np.int32)
+    inv_freq, mscale = rope_inv_freq(freq_base, n_rot, rng if scaled else None), 1.2 if scaled else 1.0
     buffer = to_device(x, stream)
     kernels.rope_f32(
-        buffer.ptr,
-        dev(positions),
-        n_tokens,
-        n_heads,
-        head_dim,
-        n_rot,
-        freq_base,
-        mode,
-        stream.handle,
+        buffer.ptr, dev(positions), n_tokens, n_heads, head_dim, n_rot, dev(inv_freq), mscale, mode, stream.handle
     )
     got = from_device(buffer, x.shape, np.float32, stream)
-    expected, scale = rope(x, positions, n_heads, head_dim, n_rot, freq_base, mode)
+    expected, scale = rope(x, positions, n_heads, head_dim, n_rot, inv_freq, mscale, mode)
     assert_close(got, expected, 1e-6, scale=scale, what="rope")
     untouched = got.reshape(n_tokens, n_heads, head_dim)[:, :, n_rot:]
     assert np.array_equal(untouched, x.reshape(n_tokens, n_heads, head_dim)[:, :, n_rot:])
 
 
-def test_rope_normal_and_neox_pair_different_dimensions(rng, stream):
+def test_rope_normal_and_neox_pair_different_dimensions(rng, stream, dev):
     x = randn(rng, 1, 64)
     positions = to_device(np.array([1000], np.int32), stream)
+    inv_freq = dev(rope_inv_freq(1e4, 64))
     results = {}
     for mode in (kernels.ROPE_NORMAL, kernels.ROPE_NEOX):
         buffer = to_device(x, stream)
-        kernels.rope_f32(buffer.ptr, positions.ptr, 1, 1, 64, 64, 1e4, mode, stream.handle)
+        kernels.rope_f32(buffer.ptr, positions.ptr, 1, 1, 64, 64, inv_freq, 1.0, mode, stream.handle)
         results[mode] = from_device(buffer, x.shape, np.float32, stream)
     assert not np.allclose(results[kernels.ROPE_NORMAL], results[kernels.ROPE_NEOX])

@@ -1,4 +1,5 @@
-"""Greedy argmax on the device, against numpy.argmax: the index must be exactly the same."""
+"""Greedy argmax on the device, against numpy.argmax: the index must be exactly the same (-1 for a row holding
+NaN or Inf, which numpy.argmax would answer with the first NaN)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,47 @@ def test_argmax_ties_go_to_the_lowest_index(rng, stream, dev):
     out, space = poisoned(1, np.int32, stream), workspace(1, 151936)
     kernels.argmax_f32(dev(x), out.ptr, space.ptr, 1, 151936, stream.handle)
     assert from_device(out, 1, np.int32, stream)[0] == 3_333 == np.argmax(x)
+
+
+# Rows of one block (1, 33 values: the scalar loop), of two (4097: scalar; 4864: float4 loads) and of 38
+# (151936, each block striding over several float4 chunks): a NaN or an infinity in any block's slice must
+# reach the merge.
+NONFINITE_SIZES = (1, 33, 4097, 4864, 151936)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "+inf", "-inf"])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("n", NONFINITE_SIZES)
+def test_argmax_marks_a_row_holding_nan_or_inf(rng, stream, dev, n, where, value):
+    x = randn(rng, 1, n, scale=5.0)
+    x[0, {"first": 0, "middle": n // 2, "last": n - 1}[where]] = value
+    out, space = poisoned(1, np.int32, stream), workspace(1, n)
+    kernels.argmax_f32(dev(x), out.ptr, space.ptr, 1, n, stream.handle)
+    assert from_device(out, 1, np.int32, stream)[0] == -1
+
+
+@pytest.mark.parametrize("n", NONFINITE_SIZES)
+def test_argmax_marks_only_the_rows_holding_nan_or_inf(rng, stream, dev, n):
+    rows = 5
+    x = randn(rng, rows, n, scale=5.0)
+    x[1, n - 1] = np.nan
+    x[3, 0] = np.inf
+    x[4, :] = np.nan  # every value NaN
+    out, space = poisoned(rows, np.int32, stream), workspace(rows, n)
+    kernels.argmax_f32(dev(x), out.ptr, space.ptr, rows, n, stream.handle)
+    expected = np.argmax(x, axis=1)
+    expected[[1, 3, 4]] = -1
+    assert np.array_equal(from_device(out, rows, np.int32, stream), expected)
+
+
+def test_a_marked_row_leaves_the_workspace_ready(rng, stream, dev):
+    # The merging block still resets the row's counter: the next launch on the same workspace is exact.
+    n = 151936
+    space, out = workspace(1, n), poisoned(1, np.int32, stream)
+    broken = randn(rng, 1, n)
+    broken[0, 77_777] = np.nan
+    kernels.argmax_f32(dev(broken), out.ptr, space.ptr, 1, n, stream.handle)
+    assert from_device(out, 1, np.int32, stream)[0] == -1
+    x = randn(rng, 1, n)
+    kernels.argmax_f32(dev(x), out.ptr, space.ptr, 1, n, stream.handle)
+    assert from_device(out, 1, np.int32, stream)[0] == np.argmax(x)

@@ -9,7 +9,10 @@ import pytest
 
 from minfer.gguf_file import GGUFFile
 from minfer.model_store import KNOWN_MODELS, locate
+from minfer.testing.hf_reference import REFERENCES, fixture_meta, write_reference_gguf
 from minfer.testing.synthetic import SyntheticSpec, write_synthetic_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,3 +49,17 @@ def default_model_path() -> Path:
 def default_model_gguf(default_model_path: Path) -> GGUFFile:
     """The default model opened once per session: decoding its 49152-token vocabulary takes seconds."""
     return GGUFFile(default_model_path)
+
+
+@pytest.fixture(scope="session")
+def converted_model(tmp_path_factory: pytest.TempPathFactory):
+    """`converted_model(name)` -> the path of llama.cpp's conversion of a reference model, written again."""
+    folder = tmp_path_factory.mktemp("converted")
+
+    def make(name: str) -> Path:
+        path = folder / f"{name}.gguf"
+        if not path.exists():
+            write_reference_gguf(path, REFERENCES[name], fixture_meta(FIXTURES / f"reference_{name}.npz"))
+        return path
+
+    return make

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 import minfer
+from minfer.backends import cuda_unavailable_reason
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.testing.synthetic import weights_digest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def needs_cuda() -> None:
+    """Skip the calling test where the CUDA backend cannot run, with the reason; fail instead under
+    MINFER_REQUIRE_GPU=1 (tools/gpu-check.sh), so that a GPU machine never skips a CUDA test silently."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("MINFER_REQUIRE_GPU") == "1":
+            pytest.fail(f"MINFER_REQUIRE_GPU=1 but the CUDA backend cannot run: {reason}")
+        pytest.skip(f"needs the CUDA backend: {reason}")
 
 
 def last_logits_and_greedy(engine: minfer.Engine, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
@@ -38,3 +57,26 @@ def shared_inplace_input_graph(d: int, vocab: int) -> Graph:
         inputs={"tokens": tokens},
         outputs={"z": z},
     )
+
+
+def load_fixture(name: str) -> tuple[dict, list[tuple[list[int], np.ndarray, list[int]]]]:
+    """A reference fixture (`nox -s reference`): its meta record and (token ids, last logits, greedy tokens) cases."""
+    data = np.load(FIXTURES / f"reference_{name}.npz")
+    meta = json.loads(str(data["meta"]))
+    cases = [
+        ([int(t) for t in data[f"ids_{i}"]], data[f"logits_{i}"], [int(t) for t in data[f"greedy_{i}"]])
+        for i in range(meta["prompts"])
+    ]
+    return meta, cases
+
+
+def check_against_reference(engine: minfer.Engine, name: str, tolerance: float = 1e-3) -> None:
+    """Logits within `tolerance` of the reference (relative to its largest logit) and the same greedy tokens."""
+    meta, cases = load_fixture(name)
+    assert len(cases) >= 5
+    assert weights_digest(engine.gguf) == meta["weights_sha256"], f"{name}: the model's weights changed"
+    for ids, reference_logits, reference_tokens in cases:
+        logits, tokens = last_logits_and_greedy(engine, ids, len(reference_tokens))
+        error = np.abs(logits - reference_logits).max() / np.abs(reference_logits).max()
+        assert error < tolerance, f"{name}: prompt of {len(ids)} tokens: relative logit error {error:.2e}"
+        assert tokens == reference_tokens, f"{name}: greedy continuation differs for a prompt of {len(ids)} tokens"

@@ -24,20 +24,22 @@ def test_rms_norm_matches_definition():
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope_rotates_the_right_pairs(neox):
     rng = np.random.default_rng(2)
-    n_heads, head_dim, rope_dim, theta = 3, 16, 12, 10000.0
+    n_heads, head_dim, rope_dim, mscale = 3, 16, 12, 1.25
+    inv_freq = rng.uniform(1e-4, 1.0, rope_dim // 2)  # any table: RoPE scaling only changes its values
     positions = np.array([0, 5, 17], dtype=np.int32)
     x = rng.standard_normal((3, n_heads * head_dim)).astype(np.float32)
     got = x.copy()
-    rope_inplace(got, positions, n_heads, head_dim, rope_dim, theta, neox)
+    rope_inplace(got, positions, n_heads, head_dim, rope_dim, inv_freq, mscale, neox)
     expected = x.astype(np.float64).reshape(3, n_heads, head_dim).copy()
     for t, pos in enumerate(positions):
         for h in range(n_heads):
             row = expected[t, h].copy()
             for i in range(rope_dim // 2):
-                angle = pos * theta ** (-2 * i / rope_dim)
+                angle = pos * inv_freq[i]
+                cos, sin = mscale * math.cos(angle), mscale * math.sin(angle)
                 a, b = (i, i + rope_dim // 2) if neox else (2 * i, 2 * i + 1)
-                expected[t, h, a] = row[a] * math.cos(angle) - row[b] * math.sin(angle)
-                expected[t, h, b] = row[a] * math.sin(angle) + row[b] * math.cos(angle)
+                expected[t, h, a] = row[a] * cos - row[b] * sin
+                expected[t, h, b] = row[a] * sin + row[b] * cos
     np.testing.assert_allclose(got, expected.reshape(3, -1), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(
         got.reshape(3, n_heads, head_dim)[..., rope_dim:], x.reshape(3, n_heads, head_dim)[..., rope_dim:]

@@ -7,21 +7,20 @@ skip into a failure).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-from engine_steps import last_logits_and_greedy, shared_inplace_input_graph
+from engine_steps import check_against_reference, last_logits_and_greedy, needs_cuda, shared_inplace_input_graph
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf import quants as gguf_quants
 
 import minfer
 import minfer_kernels as mk
-from minfer.backends import create_backend, cuda_unavailable_reason
+from minfer.backends import create_backend
 from minfer.errors import BackendError
 from minfer.gguf_file import GGUFFile
 from minfer.graph.scheduler import schedule
 from minfer.sampler import SamplingParams
+from minfer.testing.hf_reference import REFERENCES
 from minfer.testing.synthetic import scaled
 
 pytestmark = pytest.mark.cuda
@@ -31,6 +30,16 @@ GREEDY = SamplingParams(temperature=0)
 SPECS = {
     "llama": scaled("smollm2-135m", n_layers=4, context_length=1024),
     "qwen2": scaled("qwen2.5-0.5b", n_layers=4, context_length=1024),
+    # RoPE scaling through the fused decode kernels too: YaRN over Llama 3-style per-pair factors.
+    "llama-scaled-rope": scaled(
+        "smollm2-135m",
+        n_layers=4,
+        context_length=1024,
+        rope_scaling="yarn",
+        rope_scaling_factor=4.0,
+        rope_original_context=64,
+        rope_freq_factors=tuple(float(f) for f in np.geomspace(1.0, 8.0, 32)),
+    ),
 }
 WEIGHT_TYPES = ["F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M"]  # Q4_K_M: Q4_K, Q6_K, Q5_0, Q8_0 (and mixed Q|K|V)
 PROMPT_TOKENS = 64
@@ -38,12 +47,8 @@ CONTINUATION = 64
 
 
 @pytest.fixture(scope="module", autouse=True)
-def needs_cuda() -> None:
-    reason = cuda_unavailable_reason()
-    if reason is not None:
-        if os.environ.get("MINFER_REQUIRE_GPU") == "1":
-            pytest.fail(f"MINFER_REQUIRE_GPU=1 but the CUDA backend cannot run: {reason}")
-        pytest.skip(f"needs the CUDA backend: {reason}")
+def cuda_backend_runs() -> None:
+    needs_cuda()
 
 
 def random_prompts(vocab: int, n_prompts: int = 5, seed: int = 0) -> list[list[int]]:
@@ -204,3 +209,9 @@ def test_inplace_input_with_other_readers_is_staged_on_the_device():
     program.run({"tokens": np.array([3, 1], dtype=np.int32)})
     rows = weights["table"][[3, 1]]
     np.testing.assert_allclose(program.read("z"), rows + (rows + weights["bias"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_cuda_matches_transformers_on_converted_models(name, converted_model):
+    """llama.cpp's conversions of transformers models with each RoPE scaling, prompts up to 900 tokens."""
+    check_against_reference(minfer.load(converted_model(name), backend="cuda", ctx_size=1024), name)

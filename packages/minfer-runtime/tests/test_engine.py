@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 import minfer
-from minfer.errors import ContextOverflowError, MinferError
+from minfer import bench
+from minfer.errors import BackendError, ContextOverflowError, MinferError
 from minfer.generation import StopMatcher
 from minfer.sampler import SamplingParams
 
@@ -201,3 +203,69 @@ def test_generate_takes_sampling_fields_by_name(engine):
     assert seeded == "".join(engine.generate("Name it", max_tokens=8, temperature=1.0, seed=3))
     with pytest.raises(MinferError, match="unknown sampling parameter 'temp'"):
         list(engine.generate("Name it", temp=0.5))
+
+
+# -- every bad request is a MinferError naming what is wrong ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "named"),
+    [([5, -3, 10**6], "-3"), ([7, 10**6], "1000000"), ([2**40], str(2**40)), ([1.5], "1.5")],
+    ids=["negative", "too-large", "beyond-int32", "not-an-integer"],
+)
+def test_a_bad_token_id_is_named_whichever_way_it_is_wrong(engine, tokens, named):
+    with pytest.raises(MinferError, match=rf"^token id {named} is outside the vocabulary \(integers 0\.\.511\)$"):
+        engine.forward(tokens, 0)
+
+
+def test_bad_forward_and_prefill_arguments_are_clear_errors(engine):
+    with pytest.raises(MinferError, match="no tokens to run"):
+        engine.forward([], 0)
+    with pytest.raises(MinferError, match=r"start position -1 is not a position"):
+        engine.forward([5], -1)
+    engine.reset()
+    engine.prefill([5, 6, 7])
+    with pytest.raises(ContextOverflowError, match="257 tokens exceed the context size 256"):
+        engine.prefill([5] * 257)
+    assert engine.kv_tokens == [5, 6, 7]  # refused before any chunk ran
+
+
+def test_a_compiled_graphs_inputs_are_checked_by_name(engine):
+    program = engine.program(1)
+    good = {"tokens": [5], "positions": [0], "kv_len": [1]}
+    cases = {
+        "cpu: input 'tokens' has shape (2,), the graph expects (1,)": {**good, "tokens": [5, 6]},
+        "cpu: input 'kv_len' is missing (the graph reads tokens, positions, kv_len)": {"tokens": [5], "positions": [0]},
+        "cpu: input 'positions' is not int32 data": {**good, "positions": [2**40]},
+    }
+    for message, inputs in cases.items():
+        with pytest.raises(BackendError, match=f"^{re.escape(message)}"):
+            program.run(inputs)
+
+
+def test_a_context_size_of_zero_is_refused_not_taken_as_the_default(synthetic_model):
+    with pytest.raises(MinferError, match=r"context size 0 is outside 1\.\.512"):
+        minfer.load(synthetic_model("tiny-qwen2", "Q8_0"), backend="cpu", ctx_size=0)
+
+
+@pytest.mark.parametrize(
+    ("stop", "message"),
+    [("abc", "a list of strings, not the string 'abc'"), (["ok", None], "must be strings, got None")],
+)
+def test_stop_strings_must_be_a_list_of_strings(engine, stop, message):
+    with pytest.raises(MinferError, match=re.escape(message)):
+        list(engine.generate("Hi", max_tokens=4, stop=stop))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"repetitions": 0}, "repetitions must be at least 1 (-r), got 0"),
+        ({"depth": -1}, "depth must be zero or more (-d), got -1"),
+        ({"prompt_sizes": [8, 0]}, "every prompt size (-p) must be at least 1, got 0"),
+        ({"gen_sizes": [-4]}, "every generation length (-n) must be at least 1, got -4"),
+    ],
+)
+def test_bench_refuses_sizes_it_cannot_measure(engine, options, message):
+    with pytest.raises(MinferError, match=re.escape(message)):
+        bench.bench(engine, **{"prompt_sizes": [8], "gen_sizes": [4], "repetitions": 1, **options})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ def tensor_info_field(path: Path, name: str):
 def test_synthetic_model_opens_with_metadata_and_tensors(synthetic_model):
     gguf = GGUFFile(synthetic_model("tiny-qwen2", "Q4_0"))
     assert gguf.architecture == "qwen2"
-    assert gguf.require("qwen2.block_count") == 2
+    assert gguf.get_int("qwen2.block_count") == 2
     embed = gguf.tensor("token_embd.weight")
     assert embed.shape == (64, 512)
     assert embed.qtype is GGMLQuantizationType.Q4_0
@@ -81,7 +82,7 @@ def test_truncated_file_names_the_tensor(synthetic_model, tmp_path):
     size = path.stat().st_size
     with open(path, "r+b") as f:
         f.truncate(size - 100)
-    with pytest.raises(ModelFileError, match=r"damaged\.gguf: tensor '.*' ends at byte \d+ but the file has"):
+    with pytest.raises(ModelFileError, match=r"damaged\.gguf: tensor '.*': ends at byte \d+ but the file has"):
         GGUFFile(path)
 
 
@@ -89,7 +90,7 @@ def test_truncated_header_is_refused(synthetic_model, tmp_path):
     path = damaged_copy(synthetic_model(), tmp_path)
     with open(path, "r+b") as f:
         f.truncate(200)
-    with pytest.raises(ModelFileError, match=r"damaged\.gguf: corrupt or truncated GGUF header"):
+    with pytest.raises(ModelFileError, match=r"damaged\.gguf: the header: .* needs \d+ bytes .* only \d+ remain"):
         GGUFFile(path)
 
 
@@ -97,7 +98,7 @@ def test_tensor_past_the_end_names_the_tensor(synthetic_model, tmp_path):
     path = damaged_copy(synthetic_model(), tmp_path)
     field = tensor_info_field(path, "blk.1.ffn_up.weight")
     patch(path, part_offset(field, 5), struct.pack("<Q", 1 << 40))
-    with pytest.raises(ModelFileError, match=r"tensor 'blk\.1\.ffn_up\.weight' ends at byte"):
+    with pytest.raises(ModelFileError, match=r"tensor 'blk\.1\.ffn_up\.weight': ends at byte"):
         GGUFFile(path)
 
 
@@ -105,7 +106,7 @@ def test_unknown_quant_type_names_the_tensor(synthetic_model, tmp_path):
     path = damaged_copy(synthetic_model(), tmp_path)
     field = tensor_info_field(path, "blk.0.attn_q.weight")
     patch(path, part_offset(field, 4), struct.pack("<I", 99))
-    with pytest.raises(ModelFileError, match=r"tensor 'blk\.0\.attn_q\.weight' has unknown type id 99"):
+    with pytest.raises(ModelFileError, match=r"tensor 'blk\.0\.attn_q\.weight': has unknown type id 99"):
         GGUFFile(path)
 
 
@@ -114,7 +115,7 @@ def test_unsupported_quant_type_names_the_tensor(synthetic_model, tmp_path):
     field = tensor_info_field(path, "blk.0.attn_q.weight")
     patch(path, part_offset(field, 4), struct.pack("<I", int(GGMLQuantizationType.IQ2_XXS)))
     with pytest.raises(
-        ModelFileError, match=r"tensor 'blk\.0\.attn_q\.weight' has type IQ2_XXS, which minfer does not"
+        ModelFileError, match=r"tensor 'blk\.0\.attn_q\.weight': has type IQ2_XXS, which minfer does not"
     ):
         GGUFFile(path)
 
@@ -241,3 +242,131 @@ def test_random_damage_is_always_a_clear_error_or_a_valid_load(synthetic_model, 
             assert str(path) in str(exc), f"the message does not name the file: {exc}"
             outcomes["refused"] += 1
     assert outcomes["refused"] > 0 and outcomes["loaded"] > 0
+
+
+# -- hostile headers, byte by byte ---------------------------------------------------------------------------------
+
+
+def gguf_string(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def key_value(key: str | bytes, value_type: int, payload: bytes) -> bytes:
+    return gguf_string(key) + struct.pack("<I", value_type) + payload
+
+
+def u32_value(key: str, value: int) -> bytes:
+    return key_value(key, 4, struct.pack("<I", value))
+
+
+def tensor_record(name: str, dims: list[int], type_id: int, offset: int) -> bytes:
+    return gguf_string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, type_id, offset)
+
+
+def raw_gguf(
+    path: Path,
+    entries: list[bytes],
+    tensors: list[bytes] = (),
+    data: bytes = b"",
+    *,
+    version: int = 3,
+    counts: tuple[int, int] | None = None,
+    alignment: int = 32,
+) -> Path:
+    """A GGUF written byte by byte: header, the given metadata entries and tensor records, padding, data."""
+    n_tensors, n_entries = counts or (len(tensors), len(entries))
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_entries) + b"".join(entries) + b"".join(tensors)
+    path.write_bytes(head + b"\0" * (-len(head) % alignment) + data)
+    return path
+
+
+ARCH = key_value("general.architecture", 8, gguf_string("llama"))
+F32_TENSOR = 0
+
+
+def refuses(path: Path, pattern: str) -> str:
+    with pytest.raises(ModelFileError, match=pattern) as caught:
+        GGUFFile(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    return message
+
+
+def test_an_array_count_the_file_cannot_hold_is_refused_before_it_is_walked(tmp_path):
+    """A 175 KB file claiming 2^32 token types used to make the reader walk them one by one, without end."""
+    huge = key_value("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, 2**32) + b"\1" * 175_000)
+    start = time.perf_counter()
+    refuses(raw_gguf(tmp_path / "m.gguf", [ARCH, huge]), r"'tokenizer\.ggml\.token_type': an array of 4294967296 INT32")
+    strings = key_value("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2**40))
+    refuses(
+        raw_gguf(tmp_path / "s.gguf", [ARCH, strings]), r"'tokenizer\.ggml\.tokens': an array of 1099511627776 strings"
+    )
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    ("entries", "pattern"),
+    [
+        ([struct.pack("<Q", 2**60) + b"key"], r"metadata entry 0 of 1: the key of 1152921504606846976 bytes needs"),
+        ([key_value("general.name", 8, struct.pack("<Q", 10**9) + b"abc")], r"'general\.name': the string value of"),
+        ([ARCH, ARCH], r"metadata key 'general\.architecture': appears twice"),
+        ([key_value("x.y", 13, b"")], r"metadata key 'x\.y': unknown value type id 13"),
+        ([key_value("x.y", 9, struct.pack("<IQ", 9, 1))], r"'x\.y': arrays of arrays are not part of"),
+        ([key_value(b"bad\xff", 4, b"\0" * 4)], r"metadata entry 0 of 1: the key is not valid UTF-8"),
+        ([key_value("general.name", 8, gguf_string(b"\xc3\x28"))], r"'general\.name': the string value is not valid"),
+        ([ARCH, u32_value("general.alignment", 24)], r"'general\.alignment' must be a power of two \(UINT32\), got 24"),
+    ],
+)
+def test_malformed_metadata_is_refused_naming_the_entry(tmp_path, entries, pattern):
+    refuses(raw_gguf(tmp_path / "m.gguf", entries), pattern)
+
+
+def test_counts_the_file_cannot_hold_are_refused_at_once(tmp_path):
+    refuses(
+        raw_gguf(tmp_path / "m.gguf", [ARCH], counts=(2**40, 1)), r"the header: 1 metadata entries and 1099511627776"
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "pattern"),
+    [(0x03000000, r"a big-endian GGUF \(version 3\); minfer reads little-endian files only"),
+     (1, r"GGUF version 1 is not supported")],
+)  # fmt: skip
+def test_big_endian_and_old_versions_are_refused(tmp_path, version, pattern):
+    refuses(raw_gguf(tmp_path / "m.gguf", [ARCH], version=version), pattern)
+
+
+@pytest.mark.parametrize(
+    ("records", "data_bytes", "pattern"),
+    [
+        ([tensor_record("t", [8, 1, 1, 1, 1], F32_TENSOR, 0)], 32, r"tensor 't': has 5 axes \(1 to 4 allowed\)"),
+        ([tensor_record("t", [8, 0], F32_TENSOR, 0)], 32, r"tensor 't': has shape \[8, 0\]: every axis must be"),
+        ([tensor_record("t", [2**40, 2**40], F32_TENSOR, 0)], 32, r"tensor 't': has shape .* product below 2\^62"),
+        ([tensor_record("t", [8], 99, 0)], 32, r"tensor 't': has unknown type id 99"),
+        ([tensor_record("t", [8], F32_TENSOR, 4)], 64, r"tensor 't': data offset 4 is not a multiple of the alignment"),
+        ([tensor_record("t", [8], F32_TENSOR, 0)] * 2, 64, r"tensor 't': appears twice"),
+        ([tensor_record("a", [16], F32_TENSOR, 0), tensor_record("b", [8], F32_TENSOR, 32)], 96,
+         r"tensor 'b': starts at data offset 32, inside the tensor before it \(which ends at 64\)"),
+        ([tensor_record("a", [8], F32_TENSOR, 0), tensor_record("b", [8], F32_TENSOR, 64)], 96,
+         r"tensor 'b': starts at data offset 64: bytes 32\.\.63 belong to no tensor"),
+        ([tensor_record("a", [8], F32_TENSOR, 0)], 64, r"the file goes on for 32 bytes after the last tensor's data"),
+        ([tensor_record("a", [64], F32_TENSOR, 0)], 32, r"tensor 'a': ends at byte \d+ but the file has \d+ bytes"),
+    ],
+)  # fmt: skip
+def test_tensor_records_must_describe_the_data_section_exactly(tmp_path, records, data_bytes, pattern):
+    refuses(raw_gguf(tmp_path / "m.gguf", [ARCH], records, b"\0" * data_bytes), pattern)
+
+
+def test_a_hand_written_file_that_tiles_its_data_opens(tmp_path):
+    records = [tensor_record("a", [8], F32_TENSOR, 0), tensor_record("b", [4, 2], F32_TENSOR, 32)]
+    data = np.arange(8, dtype=np.float32).tobytes() + np.arange(8, 16, dtype=np.float32).tobytes()
+    gguf = GGUFFile(raw_gguf(tmp_path / "m.gguf", [ARCH, u32_value("general.alignment", 32)], records, data))
+    assert gguf.architecture == "llama" and gguf.alignment == 32
+    np.testing.assert_array_equal(dequantize(gguf.tensor("b")), np.arange(8, 16, dtype=np.float32).reshape(2, 4))
+
+
+def test_names_with_terminal_escapes_are_printed_escaped(tmp_path):
+    name = "evil\x1b]0;owned\x07"
+    message = refuses(raw_gguf(tmp_path / "m.gguf", [ARCH], [tensor_record(name, [8], 99, 0)], b"\0" * 32), "evil")
+    assert "\x1b" not in message and "\\x1b" in message

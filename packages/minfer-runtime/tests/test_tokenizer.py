@@ -354,7 +354,7 @@ def test_synthetic_tokenizer_of_the_largest_size_builds(tmp_path):
         pre_tokenizer="qwen2",
         bos_id=IM_START,
         eos_id=IM_END,
-        eot_id=None,
+        end_ids=(),
         add_bos=False,
     )
     assert time.perf_counter() - start < 5.0

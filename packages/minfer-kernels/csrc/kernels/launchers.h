@@ -33,9 +33,9 @@ cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cu
 cudaError_t launch_rms_norm_f32(const float* x, const float* weight, float* out, int rows, int d, float eps,
                                 cudaStream_t stream);
 
-// rope.cu
+// rope.cu. inv_freq: the device table of n_rot/2 pair frequencies (rope.cuh), mscale: the factor on cos and sin.
 cudaError_t launch_rope_f32(float* x, const int* positions, int n_tokens, int n_heads, int head_dim, int n_rot,
-                            float freq_base, int mode, cudaStream_t stream);
+                            const double* inv_freq, float mscale, int mode, cudaStream_t stream);
 
 // embed.cu
 cudaError_t launch_embed_rows(const void* table, int type, const int* ids, float* out, int n_tokens, int d,
@@ -65,8 +65,8 @@ cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* w
                                        int v_type, const float* x, const float* norm_weight, float eps,
                                        const float* bq, const float* bk, const float* bv, float* q, float* k_cache,
                                        float* v_cache, const int* positions, int in_features, int n_heads,
-                                       int n_kv_heads, int head_dim, int n_rot, float freq_base, int mode,
-                                       int n_ctx, cudaStream_t stream);
+                                       int n_kv_heads, int head_dim, int n_rot, const double* inv_freq,
+                                       float mscale, int mode, int n_ctx, cudaStream_t stream);
 
 // gemv_int8.cu: the one-token GEMV on the integer tensor cores, for outputs of many rows. launch_gemv sends
 // them here when minfer_gemv_int8_takes the weight (its type, alignment and row length, on this GPU); the
@@ -86,7 +86,7 @@ cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, c
                                          const int* positions, int n_tokens, int n_heads, int n_kv_heads,
                                          int head_dim, int n_ctx, cudaStream_t stream);
 
-// sample.cu
+// sample.cu. argmax: out[r] = the index of row r's largest value (lowest on ties), -1 if the row holds NaN/+-Inf.
 std::size_t argmax_workspace_bytes(int rows, int n);
 cudaError_t launch_argmax_f32(const float* x, int* out, void* workspace, int rows, int n, cudaStream_t stream);
 

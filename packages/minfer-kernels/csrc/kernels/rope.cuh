@@ -2,13 +2,18 @@
 // QKV projection that rotates in its epilogue (gemv.cu), so both rotate bit for bit alike.
 //
 // Pair p (0 <= p < n_rot / 2) of a head at position `position` is rotated by the angle
-//     theta = position * freq_base^(-2p / n_rot).
-// Which two dimensions form pair p is the caller's business (the mode, below). The angle is computed in
-// double precision: positions reach 10^5 and a float32 product position * frequency is then off by up to
-// ~10^-2 radians. It is reduced to [-pi, pi] in double too (|theta| < 2^31 here, so the error of the
-// reduction stays below 10^-9), and only then handed to float32 sine and cosine, which are short and
-// accurate on that interval: double-precision pow and sincos are long dependent chains, and in the fused
-// QKV kernel they sat on every block's critical path. The rotation itself is float32.
+//     theta = position * inv_freq[p],
+// its cosine and sine multiplied by mscale. The host computes inv_freq (double, n_rot/2 values) and mscale
+// once per model (minfer/models/rope.py): the plain freq_base^(-2p / n_rot), or that with the file's RoPE
+// scaling (Llama 3's per-pair factors, linear, YaRN), so the kernels never see which kind it was. Which two
+// dimensions form pair p is the caller's business (the mode, below).
+//
+// The angle is computed in double precision: positions reach 10^5 and a float32 product position *
+// frequency is then off by up to ~10^-2 radians (the table itself is double for the same reason). It is
+// reduced to [-pi, pi] in double too (|theta| < 2^31 here, so the error of the reduction stays below
+// 10^-9), and only then handed to float32 sine and cosine, which are short and accurate on that interval:
+// double-precision sincos is a long dependent chain, and in the fused QKV kernel it sat on every block's
+// critical path. The rotation itself is float32.
 #pragma once
 
 namespace minfer {
@@ -23,14 +28,16 @@ struct RopeAngle {
     float cos, sin;
 };
 
-// The angle of pair p at `position`; log2_base = log2(freq_base), computed once on the host.
-__device__ __forceinline__ RopeAngle rope_angle(int position, int p, int n_rot, double log2_base) {
+// The angle of a pair at `position`, its frequency inv_freq read from the host's table.
+__device__ __forceinline__ RopeAngle rope_angle(int position, double inv_freq, float mscale) {
     constexpr double TWO_PI = 6.283185307179586;
-    const double theta = double(position) * exp2(-2.0 * p / n_rot * log2_base);
+    const double theta = double(position) * inv_freq;
     const double turns = rint(theta * (1.0 / TWO_PI));
     const float reduced = float(fma(-turns, TWO_PI, theta));
     RopeAngle angle;
     sincosf(reduced, &angle.sin, &angle.cos);
+    angle.sin *= mscale;
+    angle.cos *= mscale;
     return angle;
 }
 

@@ -1,8 +1,10 @@
 // Greedy sampling on the device: out[r] = argmax_i x[r][i], the index of the largest logit of each row.
 //
 // Reading back one int32 instead of the whole vocabulary row (151936 floats for Qwen2.5) is the point.
-// Ties go to the lowest index, as numpy.argmax does. NaN compares false with everything and is never
-// chosen; a row of NaN only yields index 0.
+// Ties go to the lowest index, as numpy.argmax does. A row holding any NaN or +-Inf yields -1: NaN compares
+// false with everything, so it would otherwise be skipped silently and a broken model would look greedy.
+// The check is one more compare per value (the scan is bound by memory, not by compares) and one
+// __syncthreads_or per block reduction.
 //
 // A row is split over up to ARGMAX_MAX_BLOCKS blocks (one block could only pull ~60 GB/s out of memory:
 // 10 us for a 600 KB row). Each thread scans a strided slice with float4 loads, four in flight before it
@@ -58,8 +60,10 @@ __device__ __forceinline__ Best block_best(Best best, int n) {
 }
 
 // Candidate (value, index) against the best so far, for indices visited in increasing order per thread:
-// `>` keeps the first of equal values.
-__device__ __forceinline__ void consider(Best& best, float value, int index) {
+// `>` keeps the first of equal values. `non_finite` becomes true at a NaN (every comparison with it is false,
+// so |NaN| <= FLT_MAX is too) or an infinity.
+__device__ __forceinline__ void consider(Best& best, bool& non_finite, float value, int index) {
+    non_finite |= !(fabsf(value) <= FLT_MAX);
     if (value > best.value || (value == best.value && best.index > index)) best = Best{value, index};
 }
 
@@ -73,6 +77,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     // Start from "worse than anything": -FLT_MAX loses to every finite value and to +inf, and the index
     // n loses every tie.
     Best best{-FLT_MAX, n};
+    bool non_finite = false;
     const bool vectors = n % 4 == 0 && reinterpret_cast<std::uintptr_t>(row) % 16 == 0;
     const int n_vectors = vectors ? n / 4 : 0;
     const float4* row4 = reinterpret_cast<const float4*>(row);
@@ -87,20 +92,24 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 #pragma unroll
         for (int u = 0; u < ARGMAX_LOADS; ++u) {
             const int i = 4 * (first + u * stride);
-            consider(best, v[u].x, i);
-            consider(best, v[u].y, i + 1);
-            consider(best, v[u].z, i + 2);
-            consider(best, v[u].w, i + 3);
+            consider(best, non_finite, v[u].x, i);
+            consider(best, non_finite, v[u].y, i + 1);
+            consider(best, non_finite, v[u].z, i + 2);
+            consider(best, non_finite, v[u].w, i + 3);
         }
     }
-    for (int i = 4 * n_vectors + blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) consider(best, row[i], i);
+    for (int i = 4 * n_vectors + blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        consider(best, non_finite, row[i], i);
+    }
     best = block_best(best, n);
+    non_finite = __syncthreads_or(non_finite);
 
-    // One candidate per block; the block that completes the row's count reduces them.
+    // One candidate per block (index -1 when its slice held NaN or +-Inf); the block that completes the
+    // row's count reduces them.
     __shared__ bool merges;
     Best* row_partials = partials + std::size_t(row_index) * gridDim.x;
     if (threadIdx.x == 0) {
-        row_partials[blockIdx.x] = best;
+        row_partials[blockIdx.x] = non_finite ? Best{best.value, -1} : best;
         __threadfence();
         merges = atomicAdd(&counters[row_index], 1) == int(gridDim.x) - 1;
         if (merges) atomicExch(&counters[row_index], 0);  // ready for the next launch
@@ -109,13 +118,17 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     if (!merges) return;
     __threadfence();
     best = Best{-FLT_MAX, n};
+    non_finite = false;
     for (int b = threadIdx.x; b < int(gridDim.x); b += blockDim.x) {
         // Read through L2, where the other blocks' candidates are.
         const Best other{__ldcg(&row_partials[b].value), __ldcg(&row_partials[b].index)};
+        non_finite |= other.index < 0;
         best = better(best, other);
     }
     best = block_best(best, n);
-    if (threadIdx.x == 0) out[row_index] = best.index < n ? best.index : 0;
+    non_finite = __syncthreads_or(non_finite);
+    // Every value of a finite row beats the starting -FLT_MAX or ties it at a lower index: best.index < n.
+    if (threadIdx.x == 0) out[row_index] = non_finite ? -1 : best.index;
 }
 
 int argmax_blocks(int n) { return std::max(1, std::min(ARGMAX_MAX_BLOCKS, ceil_div(n, ARGMAX_VALUES_PER_BLOCK))); }

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.engine import Engine
-from minfer.errors import ContextOverflowError
+from minfer.errors import ContextOverflowError, MinferError
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,14 @@ def bench(
     depth: int = 0,
 ) -> list[BenchResult]:
     info = engine.info
+    if repetitions < 1:
+        raise MinferError(f"repetitions must be at least 1 (-r), got {repetitions}")
+    if depth < 0:
+        raise MinferError(f"depth must be zero or more (-d), got {depth}")
+    sizes = {"prompt size (-p)": prompt_sizes, "generation length (-n)": gen_sizes}
+    for what, values in sizes.items():
+        if any(n < 1 for n in values):
+            raise MinferError(f"every {what} must be at least 1, got {min(values)}")
     longest = max([*prompt_sizes, *gen_sizes], default=0)
     if depth + longest > engine.ctx_size:
         raise ContextOverflowError(

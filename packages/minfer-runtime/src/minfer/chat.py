@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,16 @@ from minfer.sampler import SamplingParams
 
 if TYPE_CHECKING:
     from minfer.engine import Engine, Message
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A prompt that fits: the conversation it renders, the turns dropped for it, its tokens and its text."""
+
+    turns: list[Message]
+    dropped: int
+    tokens: list[int]
+    rendered: str
 
 
 class ChatSession:
@@ -73,66 +83,62 @@ class ChatSession:
         """Add a user message and stream the assistant's reply."""
         if not text.strip():
             raise MinferError("empty message: nothing to send")
-        self.turns.append({"role": "user", "content": text})
-        try:
-            prompt, rendered = self._prompt_tokens()
-        except MinferError:
-            self.turns.pop()
-            raise
-        yield from self._reply(prompt, rendered)
+        yield from self._reply(self._plan([*self.turns, {"role": "user", "content": text}]))
 
     def regenerate(self) -> Iterator[str]:
         """Replace the last reply with a new one (the old one stays if the new request is refused)."""
         if not self.turns or self.turns[-1]["role"] != "assistant":
             raise MinferError("nothing to regenerate: there is no reply yet")
-        previous = self.turns
-        self.turns = self.turns[:-1]
-        try:
-            prompt, rendered = self._prompt_tokens()
-        except MinferError:
-            self.turns = previous
-            raise
-        return self._reply(prompt, rendered)
+        return self._reply(self._plan(self.turns[:-1]))
 
-    def _prompt_tokens(self) -> tuple[list[int], str]:
-        """Tokens for the conversation with a generation prompt, dropping old turns when it does not fit.
+    def _plan(self, turns: list[Message]) -> _Turn:
+        """The prompt for `turns` with a generation prompt, dropping old turns when it does not fit.
 
-        Nothing changes unless a fitting prompt is found: a message too long for the context on its
-        own is refused and the conversation stays as it was.
+        Nothing changes here: a message too long for the context on its own is refused, and a fitting prompt
+        only becomes the conversation when its reply starts (`_reply`).
         """
-        turns, dropped = self.turns, 0
+        dropped = 0
         cached_tokens, cached_text = self._tokens, self._rendered
+        tokenizer = self.engine.tokenizer
         while True:
             rendered = self.engine.template.render(self._with_system(turns), add_generation_prompt=True)
-            if cached_text and rendered.startswith(cached_text):
-                new_text = rendered[len(cached_text) :]
-                tokens = [*cached_tokens, *self.engine.tokenizer.encode(new_text, add_bos=False)]
-            else:
-                tokens = self.engine.tokenizer.encode(rendered)
-            if len(tokens) + self.max_tokens <= self.ctx_size:
-                self.turns, self.dropped_turns = turns, dropped
-                return tokens, rendered
+            continues = bool(cached_text) and rendered.startswith(cached_text)
+            prefix, new_text = (cached_tokens, rendered[len(cached_text) :]) if continues else ([], rendered)
+            # A text that cannot fit whatever its tokens is not tokenized (a huge one would only cost time).
+            fewest = len(prefix) + tokenizer.fewest_tokens(new_text)
+            tokens = None
+            if fewest + self.max_tokens <= self.ctx_size:
+                tokens = [*prefix, *tokenizer.encode(new_text, add_bos=False if continues else None)]
+                if len(tokens) + self.max_tokens <= self.ctx_size:
+                    return _Turn(turns, dropped, tokens, rendered)
             if len(turns) <= 1:
+                size = f"{len(tokens)} tokens" if tokens is not None else f"at least {fewest} tokens"
                 raise ContextOverflowError(
-                    f"the message ({len(tokens)} tokens with the template) plus the reply budget "
+                    f"the message ({size} with the template) plus the reply budget "
                     f"({self.max_tokens} tokens) does not fit the context size {self.ctx_size}"
                 )
             turns, dropped = turns[2:], dropped + 1  # the oldest user message and its reply
             cached_tokens, cached_text = [], ""
 
-    def _reply(self, prompt: list[int], rendered: str) -> Iterator[str]:
-        result = Generation()
-        self.last = result
-        try:
-            yield from self.engine.stream(prompt, max_tokens=self.max_tokens, sampling=self.sampling, result=result)
-        finally:
-            # Keep whatever was generated, also when the reply was cancelled part-way.
-            self.turns.append({"role": "assistant", "content": result.text})
-            tokenizer = self.engine.tokenizer
-            exact = tokenizer.decode(result.tokens) == result.text
-            reply_tokens = result.tokens if exact else tokenizer.encode(result.text, add_bos=False)
-            self._tokens = [*prompt, *reply_tokens]
-            self._rendered = rendered + result.text
+    def _reply(self, turn: _Turn) -> Iterator[str]:
+        # The turn holds the engine from here to its end, so a turn refused because another generation runs
+        # leaves the conversation as it was.
+        with self.engine._hold():
+            self.turns, self.dropped_turns = turn.turns, turn.dropped
+            result = Generation()
+            self.last = result
+            try:
+                yield from self.engine._stream(
+                    turn.tokens, max_tokens=self.max_tokens, sampling=self.sampling, stop=(), result=result
+                )
+            finally:
+                # Keep whatever was generated, also when the reply was cancelled part-way.
+                self.turns = [*self.turns, {"role": "assistant", "content": result.text}]
+                tokenizer = self.engine.tokenizer
+                exact = tokenizer.decode(result.tokens) == result.text
+                reply_tokens = result.tokens if exact else tokenizer.encode(result.text, add_bos=False)
+                self._tokens = [*turn.tokens, *reply_tokens]
+                self._rendered = turn.rendered + result.text
 
     def to_markdown(self) -> str:
         parts = [f"## {m['role'].capitalize()}\n\n{m['content']}\n" for m in self.messages]

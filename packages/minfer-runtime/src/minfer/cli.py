@@ -65,6 +65,16 @@ def int_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def seed_value(text: str) -> int | None:
+    """--seed: -1 asks for a random seed (llama.cpp's LLAMA_DEFAULT_SEED), as None does in SamplingParams."""
+    value = int_value(text)
+    if value == -1:
+        return None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be -1 (a random seed) or zero or a positive integer, got {text!r}")
+    return value
+
+
 def float_value(text: str) -> float:
     try:
         value = float(text)
@@ -97,7 +107,9 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float_value, default=defaults.min_p, help="0.0 disables")
     parser.add_argument("--repeat-penalty", type=float_value, default=defaults.repeat_penalty, help="1.0 disables")
     parser.add_argument("--repeat-last-n", type=int_value, default=defaults.repeat_last_n)
-    parser.add_argument("--seed", type=int_value, default=None, help="seed for reproducible sampling")
+    parser.add_argument(
+        "--seed", type=seed_value, default=None, help="seed for reproducible sampling (default: -1, a random one)"
+    )
 
 
 def sampling_from(args: argparse.Namespace) -> SamplingParams:
@@ -207,6 +219,29 @@ def print_stats(stats: GenerationStats) -> None:
     )
 
 
+def discard_output() -> None:
+    """Point stdout at /dev/null: what is still buffered for a reader that went away (or a full disk) is dropped
+    quietly, instead of failing again when Python flushes stdout at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def write_output(text: str) -> None:
+    """Write `text` to stdout at once; a write that fails (a full disk) is one line, not a traceback.
+
+    A closed pipe stays a BrokenPipeError: `main` ends such a run quietly (`minfer run ... | head`).
+    """
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise MinferError("cannot write the output: standard output is closed")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        discard_output()
+        raise MinferError(f"cannot write the output: {exc.strerror or exc}") from None
+
+
 def check_text(what: str, text: str | None) -> None:
     """Refuse text that is not valid UTF-8 (undecodable bytes reach Python as lone surrogates)."""
     try:
@@ -226,12 +261,16 @@ def command_run(args: argparse.Namespace) -> int:
     sampling = sampling_from(args)
     model_path = resolve_model(model)  # a missing model is reported before waiting for a prompt on stdin
     if prompt is None:
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise MinferError("no PROMPT given and stdin is closed")
         if sys.stdin.isatty():
             sys.stderr.write("reading the prompt from stdin (end with Ctrl-D)\n")
         try:
             prompt = sys.stdin.read()
         except UnicodeDecodeError:
             raise MinferError("the prompt on stdin is not valid UTF-8 text") from None
+        except OSError as exc:  # a terminal that went away (EIO), say
+            raise MinferError(f"cannot read the prompt from stdin: {exc.strerror or exc}") from None
     if not prompt.strip():
         raise MinferError("empty prompt: give a PROMPT argument or pipe text to stdin")
     check_text("prompt", prompt)
@@ -248,13 +287,11 @@ def command_run(args: argparse.Namespace) -> int:
     status = 0
     try:
         for piece in pieces:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            write_output(piece)
     except KeyboardInterrupt:
         pieces.close()
         status = EXIT_INTERRUPTED
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    write_output("\n")
     if not args.no_stats:
         print_stats(engine.last_stats)
     print_op_timing(engine)
@@ -266,19 +303,19 @@ def command_bench(args: argparse.Namespace) -> int:
     results = bench.bench(
         engine, prompt_sizes=args.n_prompt, gen_sizes=args.n_gen, repetitions=args.repetitions, depth=args.depth
     )
-    print(bench.to_json(results) if args.output == "json" else bench.to_markdown(results))
+    write_output((bench.to_json(results) if args.output == "json" else bench.to_markdown(results)) + "\n")
     print_op_timing(engine)
     return 0
 
 
 def command_info(args: argparse.Namespace) -> int:
-    print(describe(args.model))
+    write_output(describe(args.model) + "\n")
     return 0
 
 
 def command_pull(args: argparse.Namespace) -> int:
     print(f"fetching {KNOWN_MODELS[args.name].requirement} (without its dependencies) ...", file=sys.stderr)
-    print(pull(args.name))
+    write_output(f"{pull(args.name)}\n")
     return 0
 
 
@@ -292,9 +329,9 @@ def command_graph(args: argparse.Namespace) -> int:
         args.dot.write_text(to_dot(graph, plan))
     except OSError as exc:
         raise MinferError(f"{args.dot}: cannot write ({exc.strerror or exc})") from None
-    print(
+    write_output(
         f"{args.dot}: {len(graph.nodes)} nodes, {len(plan.slot_nbytes)} scratch buffers "
-        f"({plan.total_nbytes / 2**20:.2f} MiB), {len(plan.aliased)} in-place nodes aliased"
+        f"({plan.total_nbytes / 2**20:.2f} MiB), {len(plan.aliased)} in-place nodes aliased\n"
     )
     return 0
 
@@ -308,7 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except MinferError as exc:
-        sys.stdout.flush()
+        try:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # what was printed comes before the error line
+        except OSError:  # the output cannot be written either: the error at hand is the one to report
+            discard_output()
         sys.stderr.write(f"minfer: error: {exc}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
@@ -316,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`minfer run ... | head`): not an error worth a traceback.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_output()
         return EXIT_ERROR
 
 

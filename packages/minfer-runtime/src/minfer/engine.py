@@ -9,10 +9,13 @@ one decode graph serves every step.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,7 @@ from minfer.backends import create_backend
 from minfer.backends.base import ProgressCallback
 from minfer.chat import ChatSession
 from minfer.chat_template import ChatTemplate
-from minfer.errors import ContextOverflowError, MinferError
+from minfer.errors import ContextOverflowError, EngineBusyError, MinferError, NumericalError
 from minfer.generation import Generation, GenerationStats, StopMatcher
 from minfer.gguf_file import GGUFFile
 from minfer.graph.scheduler import Program, schedule
@@ -66,13 +69,8 @@ class Engine:
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.template = ChatTemplate.from_gguf(self.gguf, self.tokenizer)
-        if self.tokenizer.vocab_size > self.config.vocab_size:
-            raise MinferError(
-                f"{self.gguf.path}: tokenizer has {self.tokenizer.vocab_size} tokens but token_embd.weight "
-                f"has only {self.config.vocab_size} rows"
-            )
-        self.ctx_size = ctx_size or min(self.config.context_length, DEFAULT_CTX_SIZE)
-        if not 1 <= self.ctx_size <= self.config.context_length:
+        self.ctx_size = ctx_size if ctx_size is not None else min(self.config.context_length, DEFAULT_CTX_SIZE)
+        if not isinstance(self.ctx_size, Integral) or not 1 <= self.ctx_size <= self.config.context_length:
             raise MinferError(
                 f"context size {self.ctx_size} is outside 1..{self.config.context_length} (the model's trained context)"
             )
@@ -80,6 +78,9 @@ class Engine:
         stacked = self.config.stacked_tensors() if self.config.fuse_decode else {}
         self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress, stacked=stacked)
         self.kv_tokens: list[int] = []  # the tokens whose K/V rows the cache holds, at positions 0..n-1
+        # Held by the one generation (or direct forward pass) using the cache (`_hold`). A Lock, not an RLock:
+        # a generator may be closed on another thread than the one that started it (the chat app's worker).
+        self._busy = threading.Lock()
         self._programs: OrderedDict[int, Program] = OrderedDict()
         self.last_stats = GenerationStats()
 
@@ -113,14 +114,45 @@ class Engine:
             evicted.release()
         return program
 
+    @contextmanager
+    def _hold(self) -> Iterator[None]:
+        """Hold the KV cache for one generation or forward pass; EngineBusyError if it is held already.
+
+        The cache holds one sequence: two users of it would corrupt each other's tokens. Nothing waits: a second
+        generation, from another thread or a second generator started while the first is suspended, is refused.
+        A generation holds the engine from its first step until it ends, raises or is closed (garbage collection
+        closes a generator); a generator that has not started holds nothing.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusyError("the model is busy with another generation; one Engine runs one at a time")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
     def forward(self, tokens: Sequence[int], start: int) -> Program:
         """Run `tokens` at positions start.. (their K/V land in the cache); the program holds the logits."""
+        with self._hold():
+            return self._forward(tokens, start)
+
+    def _forward(self, tokens: Sequence[int], start: int) -> Program:
         n = len(tokens)
+        if n == 0:
+            raise MinferError("no tokens to run")
+        if not isinstance(start, Integral) or start < 0:
+            raise MinferError(f"start position {start!r} is not a position (an integer from 0)")
         if start + n > self.ctx_size:
             raise ContextOverflowError(f"positions {start}..{start + n - 1} exceed the context size {self.ctx_size}")
-        ids = np.asarray(tokens, dtype=np.int32)
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise MinferError(f"token id {int(ids.max())} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        ids = np.asarray(tokens)
+        # One vectorized check (a 512-token chunk checked in a Python loop cost ~190 us); the loop below only
+        # runs to name the first bad id, whichever way it is out of range.
+        if ids.dtype.kind not in "iu" or ids.ndim != 1 or not ((ids >= 0) & (ids < self.config.vocab_size)).all():
+            for token in tokens:
+                if not isinstance(token, Integral) or not 0 <= token < self.config.vocab_size:
+                    raise MinferError(
+                        f"token id {token!r} is outside the vocabulary (integers 0..{self.config.vocab_size - 1})"
+                    )
+        ids = ids.astype(np.int32)
         program = self.program(n)
         program.run(
             {
@@ -129,7 +161,8 @@ class Engine:
                 "kv_len": np.array([start + n], dtype=np.int32),
             }
         )
-        self.kv_tokens = [*self.kv_tokens[:start], *tokens]
+        del self.kv_tokens[start:]  # in place: a decode step appends one token, not a copy of the history
+        self.kv_tokens.extend(tokens)
         return program
 
     def prefill(self, tokens: Sequence[int]) -> tuple[Program, int]:
@@ -137,20 +170,27 @@ class Engine:
 
         Returns the program holding the last token's logits and how many tokens ran.
         """
+        with self._hold():
+            return self._prefill(tokens)
+
+    def _prefill(self, tokens: Sequence[int]) -> tuple[Program, int]:
         if not tokens:
             raise MinferError("empty prompt: nothing to generate from")
+        if len(tokens) > self.ctx_size:  # refused before any chunk runs
+            raise ContextOverflowError(f"{len(tokens)} tokens exceed the context size {self.ctx_size}")
         cached = common_prefix_length(self.kv_tokens, tokens)
         start = min(cached, len(tokens) - 1)  # the last token always runs: its logits pick the next one
         self.kv_tokens = self.kv_tokens[:start]
         program = None
         for chunk_start in range(start, len(tokens), PREFILL_CHUNK):
-            program = self.forward(tokens[chunk_start : chunk_start + PREFILL_CHUNK], chunk_start)
+            program = self._forward(tokens[chunk_start : chunk_start + PREFILL_CHUNK], chunk_start)
         assert program is not None
         return program, len(tokens) - start
 
     def reset(self) -> None:
         """Forget the cached sequence (the cache rows are simply overwritten later)."""
-        self.kv_tokens = []
+        with self._hold():
+            self.kv_tokens = []
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -162,7 +202,7 @@ class Engine:
             if not prompt.strip():
                 raise MinferError("empty prompt: nothing to generate from")
             if not template:
-                return self.tokenizer.encode(prompt)
+                return self._tokenize_prompt(prompt)
             messages = [{"role": "user", "content": prompt}]
         else:
             messages = list(prompt)
@@ -170,7 +210,18 @@ class Engine:
                 raise MinferError("a list of chat messages needs the chat template (template=False given)")
         if system is not None:
             messages = [{"role": "system", "content": system}, *messages]
-        return self.tokenizer.encode(self.template.render(messages, add_generation_prompt=True))
+        return self._tokenize_prompt(self.template.render(messages, add_generation_prompt=True))
+
+    def _tokenize_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt's text, refusing first, without tokenizing, a text no context of this size holds:
+        a huge text would only cost time and memory in the tokenizer (millions of words can abort it)."""
+        fewest = self.tokenizer.fewest_tokens(text)
+        if fewest > self.ctx_size:
+            raise ContextOverflowError(
+                f"the prompt ({len(text)} characters) is at least {fewest} tokens, more than the context size "
+                f"{self.ctx_size}: shorten it or raise --ctx-size"
+            )
+        return self.tokenizer.encode(text)
 
     def check_fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt + max_tokens > self.ctx_size:
@@ -208,7 +259,23 @@ class Engine:
         stop: Sequence[str] = (),
         result: Generation | None = None,
     ) -> Iterator[str]:
-        """Generate after `prompt_tokens`, yielding text; `result` (if given) collects tokens, text and stats."""
+        """Generate after `prompt_tokens`, yielding text; `result` (if given) collects tokens, text and stats.
+
+        The generation holds the engine from its first step to its end (`_hold`): a second one meanwhile is refused.
+        """
+        with self._hold():
+            yield from self._stream(prompt_tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result)
+
+    def _stream(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None,
+        stop: Sequence[str],
+        result: Generation | None,
+    ) -> Iterator[str]:
+        """`stream` for a caller that holds the engine already (ChatSession holds it over a whole turn)."""
         if max_tokens < 1:
             raise MinferError(f"max tokens must be at least 1, got {max_tokens}")
         self.check_fits(len(prompt_tokens), max_tokens)
@@ -221,8 +288,8 @@ class Engine:
         stats.stop_reason = "cancelled"  # until the loop finishes on its own
         try:
             started = time.perf_counter()
-            program, stats.prompt_tokens = self.prefill(prompt_tokens)
-            token = self.pick(program, sampler, [*prompt_tokens])
+            program, stats.prompt_tokens = self._prefill(prompt_tokens)
+            token = self.pick(program, sampler, [*prompt_tokens], step=1)
             stats.prompt_seconds = time.perf_counter() - started
             started = time.perf_counter()
             history = [*prompt_tokens]
@@ -243,8 +310,8 @@ class Engine:
                 if stats.generated_tokens >= max_tokens:
                     stats.stop_reason = "length"
                     break
-                program = self.forward([token], len(history) - 1)
-                token = self.pick(program, sampler, history)
+                program = self._forward([token], len(history) - 1)
+                token = self.pick(program, sampler, history, step=stats.generated_tokens + 1)
             if stats.stop_reason != "stop":
                 tail, _ = stops.feed(decoder.flush(), final=True)
                 if tail:
@@ -253,11 +320,21 @@ class Engine:
         finally:
             stats.generation_seconds = time.perf_counter() - started
 
-    def pick(self, program: Program, sampler: Sampler, history: list[int]) -> int:
-        """The next token: argmax on the backend when sampling is greedy, else the sampler over the logits."""
-        if not sampler.needs_logits:
-            return program.argmax("logits")
-        return sampler.sample(program.read("logits")[0], history)
+    def pick(self, program: Program, sampler: Sampler, history: list[int], *, step: int) -> int:
+        """The next token: argmax on the backend when sampling is greedy, else the sampler over the logits.
+
+        `step` counts the generated tokens from 1 (this one included); the token goes to position len(history).
+        Logits holding NaN or Inf are a NumericalError naming both: whatever token they gave would be noise.
+        """
+        try:
+            if not sampler.needs_logits:
+                return program.argmax("logits")
+            return sampler.sample(program.read("logits")[0], history)
+        except NumericalError:
+            raise NumericalError(
+                f"non-finite logits (NaN or Inf) at generation step {step} (position {len(history)}): "
+                "the model's weights or hyperparameters produce NaN/Inf"
+            ) from None
 
     def chat(
         self,

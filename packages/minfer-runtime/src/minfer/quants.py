@@ -42,8 +42,5 @@ def block_format(qtype: GGMLQuantizationType) -> BlockFormat:
 
 def dequantize(tensor: TensorInfo) -> np.ndarray:
     """The tensor's values as float32, numpy shape = reversed GGUF shape (rows last-axis contiguous)."""
-    numpy_shape = tuple(reversed(tensor.shape))
-    if tensor.qtype == GGMLQuantizationType.F32:
-        return np.asarray(tensor.data, dtype=np.float32).reshape(numpy_shape)
-    values = gguf_quants.dequantize(tensor.data, tensor.qtype)
-    return np.asarray(values, dtype=np.float32).reshape(numpy_shape)
+    values = gguf_quants.dequantize(tensor.data, tensor.qtype)  # F32 is a view of the stored bytes: no copy
+    return np.asarray(values, dtype=np.float32).reshape(tuple(reversed(tensor.shape)))

@@ -7,12 +7,16 @@ are reproducible.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from numbers import Integral, Real
 
 import numpy as np
 
-from minfer.errors import MinferError
+from minfer.errors import MinferError, NumericalError
+
+INTEGER_FIELDS = frozenset({"top_k", "repeat_last_n", "seed"})  # the other fields are real numbers
 
 
 @dataclass(frozen=True)
@@ -23,9 +27,21 @@ class SamplingParams:
     min_p: float = 0.05  # 0.0 disables
     repeat_penalty: float = 1.0  # 1.0 disables
     repeat_last_n: int = 64  # how many recent tokens the penalty looks at
-    seed: int | None = None
+    seed: int | None = None  # None: a fresh random seed
 
     def __post_init__(self) -> None:
+        for name in self.names():
+            value = getattr(self, name)
+            if name == "seed" and value is None:
+                continue
+            # Checked before the ranges: comparing a str or None with a number would be a TypeError.
+            if name in INTEGER_FIELDS:
+                ok, what = isinstance(value, Integral) and not isinstance(value, bool), "an integer"
+            else:
+                ok, what = isinstance(value, Real) and not isinstance(value, bool), "a finite number"
+                ok = ok and math.isfinite(value)
+            if not ok:
+                raise MinferError(f"invalid sampling parameter {name}={value!r}: not {what}")
         checks = {
             "temperature": self.temperature >= 0,
             "top_k": self.top_k >= 0,
@@ -33,6 +49,7 @@ class SamplingParams:
             "min_p": 0.0 <= self.min_p < 1.0,
             "repeat_penalty": self.repeat_penalty > 0,
             "repeat_last_n": self.repeat_last_n >= 0,
+            "seed": self.seed is None or self.seed >= 0,  # numpy's generators take no negative seed
         }
         for name, ok in checks.items():
             if not ok:
@@ -58,12 +75,19 @@ class Sampler:
         return not (self.params.greedy and self.params.repeat_penalty == 1.0)
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        """The next token after `history` from one row of logits; NumericalError if they hold NaN or Inf."""
         p = self.params
         logits = np.array(logits, dtype=np.float64).reshape(-1)
+        if not np.isfinite(logits).all():
+            # NaN would pass every filter below and end in an empty or NaN distribution.
+            raise NumericalError("non-finite values (NaN or Inf) in the logits")
         if p.repeat_penalty != 1.0 and p.repeat_last_n > 0 and history:
             recent = np.unique(np.asarray(history[-p.repeat_last_n :], dtype=np.int64))
             values = logits[recent]
-            logits[recent] = np.where(values > 0, values / p.repeat_penalty, values * p.repeat_penalty)
+            with np.errstate(over="ignore"):  # an overflow is reported just below
+                logits[recent] = np.where(values > 0, values / p.repeat_penalty, values * p.repeat_penalty)
+            if not np.isfinite(logits[recent]).all():
+                raise MinferError(f"repeat_penalty={p.repeat_penalty!r} takes the penalized logits beyond float64")
         if p.greedy:
             return int(np.argmax(logits))
         candidates = np.argsort(-logits, kind="stable")
@@ -78,7 +102,10 @@ class Sampler:
         if p.min_p > 0.0:
             keep_mask = probs >= p.min_p * probs[0]
             candidates, scores = candidates[keep_mask], scores[keep_mask]
-        probs = softmax(scores / p.temperature)
+        # Shifted so the best score is 0 before dividing: with a tiny temperature the others go to -inf
+        # (probability 0) instead of everything overflowing to inf and the distribution to NaN.
+        with np.errstate(over="ignore"):
+            probs = softmax((scores - scores[0]) / p.temperature)
         return int(candidates[self.rng.choice(len(candidates), p=probs)])
 
 

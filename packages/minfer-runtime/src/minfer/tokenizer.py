@@ -23,6 +23,7 @@ llama.cpp's, so word boundaries and merges come out the same.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import gguf
 import tokenizers
 
 from minfer.errors import TokenizerError
-from minfer.gguf_file import GGUFFile
+from minfer.gguf_file import GGUFFile, printable
 
 
 def _gpt2_byte_symbols() -> dict[int, str]:
@@ -94,6 +95,9 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 
 # Texts of tokens that end a turn. llama.cpp treats every one of these as a
 # control token and stops generation on it, whatever the file's token types say.
+# Besides EOS, the tokens llama.cpp's vocabulary treats as the end of generation (llama_vocab::is_eog):
+# end of turn, and end of message (Llama 3.1's <|eom_id|>, which closes a tool call).
+END_OF_GENERATION_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "<|end|>")
 
 SUPPORTED_MODELS = ("gpt2",)
@@ -116,7 +120,7 @@ class Tokenizer:
         pre_tokenizer: str,
         bos_id: int | None,
         eos_id: int | None,
-        eot_id: int | None,
+        end_ids: Sequence[int | None],
         add_bos: bool | None,
     ) -> None:
         """Prefer `Tokenizer.from_gguf`. Arguments are the decoded `tokenizer.ggml.*` values."""
@@ -142,7 +146,7 @@ class Tokenizer:
         )
         present_end_of_turn = (token_id for token_id, text in enumerate(tokens) if text in END_OF_TURN_TEXTS)
         self._stop_ids = frozenset(
-            token_id for token_id in (eos_id, eot_id, *present_end_of_turn) if token_id is not None
+            token_id for token_id in (eos_id, *end_ids, *present_end_of_turn) if token_id is not None
         )
 
     @classmethod
@@ -157,10 +161,10 @@ class Tokenizer:
                 f"(supported: {', '.join(SUPPORTED_MODELS)})"
             )
         # llama.cpp uses its 'default' regexes when a BPE file names no pre-tokenizer.
-        pre_tokenizer = gguf_file.get("tokenizer.ggml.pre", "default")
+        pre_tokenizer = gguf_file.metadata.get("tokenizer.ggml.pre", "default")
         if not isinstance(pre_tokenizer, str) or pre_tokenizer not in PRE_TOKENIZERS:
             raise TokenizerError(
-                f"{source}: tokenizer.ggml.pre '{pre_tokenizer}' is not supported "
+                f"{source}: tokenizer.ggml.pre '{printable(str(pre_tokenizer))}' is not supported "
                 f"(supported: {', '.join(PRE_TOKENIZERS)})"
             )
         tokens = _token_list(gguf_file)
@@ -172,7 +176,7 @@ class Tokenizer:
             pre_tokenizer=pre_tokenizer,
             bos_id=_optional_token_id(gguf_file, "tokenizer.ggml.bos_token_id", len(tokens)),
             eos_id=_optional_token_id(gguf_file, "tokenizer.ggml.eos_token_id", len(tokens)),
-            eot_id=_optional_token_id(gguf_file, "tokenizer.ggml.eot_token_id", len(tokens)),
+            end_ids=[_optional_token_id(gguf_file, key, len(tokens)) for key in END_OF_GENERATION_KEYS],
             add_bos=_optional_flag(gguf_file, "tokenizer.ggml.add_bos_token"),
         )
 
@@ -199,6 +203,23 @@ class Tokenizer:
     def stop_ids(self) -> frozenset[int]:
         """Tokens that end generation: EOS, the file's EOT, and any end-of-turn token of the vocabulary."""
         return self._stop_ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token can stand for (worked out on first use: it reads the whole vocabulary).
+
+        A special token is cut out of the text as its own spelling; any other token comes out of BPE as the
+        bytes its byte symbols spell (`Ġthe` is 4 bytes, " the").
+        """
+        special = {text for text, _ in self._specials_when_parsing}
+        return max(
+            len(text.encode("utf-8")) if text in special else len(_byte_level_bytes(text)) for text in self._tokens
+        )
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on the tokens `text` encodes to, found without tokenizing it (a huge text is costly to)."""
+        nbytes = len(text.encode("utf-8", errors="surrogatepass"))
+        return -(-nbytes // self.max_token_bytes)
 
     def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
         """Token ids of `text`.

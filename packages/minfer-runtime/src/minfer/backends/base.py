@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minfer.errors import BackendError, NumericalError
 from minfer.gguf_file import GGUFFile
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Op, Tensor
@@ -33,11 +34,45 @@ class CompiledGraph(ABC):
         """A host copy of an output tensor (float32)."""
 
     def argmax(self, tensor: Tensor) -> int:
-        """Index of the largest value of a one-row output (greedy decoding)."""
-        return int(np.argmax(self.read(tensor)[0]))
+        """Index of the largest value of a one-row output (greedy decoding); NumericalError if it holds NaN or Inf
+        (numpy's argmax would return the first NaN as if it were the largest value)."""
+        row = self.read(tensor)[0]
+        if not np.isfinite(row).all():
+            raise NumericalError(f"non-finite values (NaN or Inf) in '{tensor.name}'")
+        return int(np.argmax(row))
 
     def release(self) -> None:  # noqa: B027 (most backends have nothing to give back)
         """Give scratch memory back to the backend: the graph will not run again."""
+
+
+def checked_inputs(backend: str, graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph's inputs as int32 arrays of the shapes it was built for, or a BackendError naming the input."""
+    checked = {}
+    for name, tensor in graph.inputs.items():
+        if name not in inputs:
+            raise BackendError(f"{backend}: input '{name}' is missing (the graph reads {', '.join(graph.inputs)})")
+        try:
+            value = np.asarray(inputs[name], dtype=np.int32)
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise BackendError(f"{backend}: input '{name}' is not int32 data ({exc})") from None
+        if value.shape != tensor.shape:
+            raise BackendError(f"{backend}: input '{name}' has shape {value.shape}, the graph expects {tensor.shape}")
+        checked[name] = value
+    return checked
+
+
+def check_states_fit(backend: str, states: list[Tensor], available: int, memory: str) -> None:
+    """Refuse, before allocating it, a K/V cache larger than `available` bytes (`memory` says what those are).
+
+    The caches are [n_ctx][kv_dim] per layer, so their size grows with the context size the user chose.
+    """
+    needed = sum(tensor.nbytes for tensor in states)
+    if states and needed > available:
+        raise BackendError(
+            f"{backend}: the KV cache for --ctx-size {states[0].shape[0]} needs {needed} bytes "
+            f"({needed / 2**30:.1f} GiB) but {memory} is {available} bytes ({available / 2**30:.1f} GiB): "
+            "lower --ctx-size"
+        )
 
 
 class LoadProgress:

@@ -8,15 +8,33 @@ buffers the liveness allocator planned, and in-place ops honour the alias rule.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
 
-from minfer.backends.base import Backend, CompiledGraph, LoadProgress, ProgressCallback
+from minfer.backends.base import (
+    Backend,
+    CompiledGraph,
+    LoadProgress,
+    ProgressCallback,
+    check_states_fit,
+    checked_inputs,
+)
+from minfer.errors import BackendError
 from minfer.gguf_file import GGUFFile
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 from minfer.quants import dequantize
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's RAM in bytes, or None where the OS does not tell (os.sysconf is POSIX only)."""
+    try:
+        nbytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return nbytes if nbytes > 0 else None
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
@@ -33,18 +51,25 @@ def normalized(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope_inplace(
-    x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, rope_dim: int, theta: float, neox: bool
+    x: np.ndarray,
+    positions: np.ndarray,
+    n_heads: int,
+    head_dim: int,
+    rope_dim: int,
+    inv_freq: np.ndarray,
+    mscale: float,
+    neox: bool,
 ) -> None:
-    """Rotate the first `rope_dim` values of every head by angle position * theta^(-2i/rope_dim).
+    """Rotate pair i of the first `rope_dim` values of every head by position * inv_freq[i], the rotation's
+    cos and sin scaled by `mscale` (models/rope.py computes both, RoPE scaling included).
 
     The llama layout pairs adjacent values (2i, 2i+1); NeoX pairs i with i + rope_dim/2.
     """
     heads = x.reshape(x.shape[0], n_heads, head_dim)
     half = rope_dim // 2
-    inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
-    cos = np.cos(angles).astype(np.float32)[:, None, :]
-    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    cos = (np.cos(angles) * mscale).astype(np.float32)[:, None, :]
+    sin = (np.sin(angles) * mscale).astype(np.float32)[:, None, :]
     if neox:
         first, second = heads[..., :half], heads[..., half:rope_dim]
     else:
@@ -100,16 +125,18 @@ class CpuCompiledGraph(CompiledGraph):
             return self.backend.weights[tensor.name]
         if tensor.kind is TensorKind.STATE:
             return self.backend.states[tensor.name]
+        if tensor.kind is TensorKind.CONSTANT:
+            return self.graph.constants[tensor.name]
         return self.inputs[tensor.name]
 
     def run(self, inputs: dict[str, np.ndarray]) -> None:
-        for name, tensor in self.graph.inputs.items():
-            value = np.asarray(inputs[name], dtype=np.int32)
-            if value.shape != tensor.shape:
-                raise ValueError(f"cpu: input '{name}' has shape {value.shape}, the graph expects {tensor.shape}")
-            self.inputs[name] = value
-        for node in self.graph.nodes:
-            self.execute(node)
+        self.inputs = checked_inputs("cpu", self.graph, inputs)
+        # No floating-point warnings: an overflow can be harmless (silu's exp(-x) of a very negative x gives
+        # x / inf = -0, its right value), and NaN or Inf that reach the logits are a NumericalError where the
+        # next token is picked, which warnings on stderr would only repeat.
+        with np.errstate(all="ignore"):
+            for node in self.graph.nodes:
+                self.execute(node)
 
     def execute(self, node: Node) -> None:
         ins = [self.array(t) for t in node.inputs]
@@ -138,7 +165,8 @@ class CpuCompiledGraph(CompiledGraph):
 
     def rope(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         p = node.params
-        rope_inplace(out, ins[1], p["n_heads"], p["head_dim"], p["rope_dim"], p["theta"], p["neox"])
+        _, positions, inv_freq = ins
+        rope_inplace(out, positions, p["n_heads"], p["head_dim"], p["rope_dim"], inv_freq, p["mscale"], p["neox"])
 
     def kv_store(self, node: Node, ins: list[np.ndarray], out: None) -> None:
         k, v, positions = ins
@@ -175,14 +203,14 @@ class CpuCompiledGraph(CompiledGraph):
         out[...] = silu(projected[:, :d_ff]) * projected[:, d_ff:]
 
     def norm_qkv_rope_store(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        x, norm_weight, qkv_weight, positions, *bias = ins
+        x, norm_weight, qkv_weight, positions, inv_freq, *bias = ins
         p = node.params
         qkv = normalized(x, norm_weight, p["eps"]) @ qkv_weight.T
         for b in bias:
             qkv += b
         q_dim, kv_dim = out.shape[-1], p["n_kv_heads"] * p["head_dim"]
         q, k, v = (np.ascontiguousarray(part) for part in np.split(qkv, [q_dim, q_dim + kv_dim], axis=-1))
-        rope = (p["head_dim"], p["rope_dim"], p["theta"], p["neox"])
+        rope = (p["head_dim"], p["rope_dim"], inv_freq, p["mscale"], p["neox"])
         rope_inplace(q, positions, p["n_heads"], *rope)
         rope_inplace(k, positions, p["n_kv_heads"], *rope)
         self.kv_store(node, [k, v, positions], None)
@@ -245,10 +273,19 @@ class CpuBackend(Backend):
                 report.loaded(name)
 
     def allocate_states(self, states: list[Tensor]) -> None:
-        for tensor in states:
-            current = self.states.get(tensor.name)
-            if current is None or current.shape != tensor.shape:
+        new = [t for t in states if t.name not in self.states or self.states[t.name].shape != t.shape]
+        memory = physical_memory_bytes()
+        if memory is not None:  # where the OS does not say, the allocation below is the only check
+            check_states_fit(self.name, new, memory, "the machine's physical memory")
+        try:
+            for tensor in new:
                 self.states[tensor.name] = np.zeros(tensor.shape, dtype=tensor.dtype)
+        except MemoryError:
+            needed = sum(t.nbytes for t in new)
+            raise BackendError(
+                f"cpu: out of memory allocating the KV cache for --ctx-size {new[0].shape[0]} ({needed} bytes): "
+                "lower --ctx-size"
+            ) from None
 
     def compile(self, graph: Graph, plan: BufferPlan) -> CpuCompiledGraph:
         return CpuCompiledGraph(self, graph, plan)

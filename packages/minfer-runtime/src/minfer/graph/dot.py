@@ -1,4 +1,4 @@
-"""Graphviz export: one box per node, one ellipse per weight, input and state tensor."""
+"""Graphviz export: one box per node, one shape per weight, input, state and constant tensor."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ TENSOR_STYLE = {
     TensorKind.INPUT: 'shape=ellipse, style=filled, fillcolor="#d8e8ff"',
     TensorKind.WEIGHT: 'shape=ellipse, style=filled, fillcolor="#eeeeee"',
     TensorKind.STATE: 'shape=cylinder, style=filled, fillcolor="#ffe9c6"',
+    TensorKind.CONSTANT: 'shape=note, style=filled, fillcolor="#e4f5e0"',
 }
 
 

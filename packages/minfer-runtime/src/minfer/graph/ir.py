@@ -20,6 +20,7 @@ class TensorKind(enum.Enum):
     INPUT = "input"  # written by the host before each execution (token ids, positions, KV length)
     WEIGHT = "weight"  # a model tensor from the GGUF, owned by the backend's weight store
     STATE = "state"  # persistent across executions: the per-layer K/V cache regions
+    CONSTANT = "constant"  # values the model computes when it builds the graph (Graph.constants): the RoPE table
     ACTIVATION = "activation"  # scratch, placed by the liveness allocator
 
 
@@ -46,7 +47,7 @@ class Op(enum.Enum):
     RMS_NORM = "rms_norm"  # x / rms(x) * weight, per row
     MATMUL = "matmul"  # y[t, o] = sum_i W[o, i] x[t, i]; W stays in its GGUF format
     ADD_BIAS = "add_bias"  # in place: y[t, i] += b[i]
-    ROPE = "rope"  # in place: rotary position embedding, positions read from an input tensor
+    ROPE = "rope"  # in place: rotary position embedding; positions from an input, frequencies from a constant
     KV_STORE = "kv_store"  # K and V rows written into the persistent cache at their positions
     ATTENTION = "attention"  # grouped-query attention over the cache, causal by position
     ADD = "add"  # in place into one operand: residual connections
@@ -80,12 +81,13 @@ class Node:
 
 @dataclass
 class Graph:
-    """Nodes in execution order, and the tensors a caller provides or reads."""
+    """Nodes in execution order, the tensors a caller provides or reads, and the values of the constants."""
 
     n_tokens: int
     nodes: list[Node]
     inputs: dict[str, Tensor]
     outputs: dict[str, Tensor]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # CONSTANT tensor name -> its values
 
     def weights(self) -> list[Tensor]:
         return self._tensors_of_kind(TensorKind.WEIGHT)

@@ -1,11 +1,22 @@
-"""Model hyperparameters, read from GGUF metadata and checked against the tensors."""
+"""Model hyperparameters, read from GGUF metadata, checked, and checked against the tensors.
+
+Every value is read with its GGUF type checked (a head count stored as 4.7 or "4" is refused, not
+coerced) and its range checked (no zero RoPE dimensions, no NaN epsilon): a file whose numbers do not
+describe a model minfer can run right is refused by name. What the rest of the file holds — every other
+key and tensor — is accounted for by `minfer.models.audit`, which `from_gguf` runs.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from minfer.errors import ModelFileError
 from minfer.gguf_file import GGUFFile
+from minfer.models.audit import audit
+from minfer.models.rope import RopeConfig, read_rope_config
+
+MAX_CONTEXT = 2**31 - 1  # positions are int32 on every backend
 
 
 @dataclass(frozen=True)
@@ -14,13 +25,14 @@ class ArchitectureSpec:
 
     name: str
     rope_neox: bool  # NeoX rotates pairs (i, i + n_rot/2); the llama layout rotates adjacent pairs
-    default_rope_theta: float
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "llama": ArchitectureSpec("llama", rope_neox=False, default_rope_theta=10000.0),
-    "qwen2": ArchitectureSpec("qwen2", rope_neox=True, default_rope_theta=1000000.0),
+    "llama": ArchitectureSpec("llama", rope_neox=False),
+    "qwen2": ArchitectureSpec("qwen2", rope_neox=True),
 }
+DEFAULT_ROPE_FREQ_BASE = 10000.0  # llama.cpp's, for every architecture, when rope.freq_base is absent
+TENSORS_PER_LAYER = 9  # norms, q/k/v/o and the three FFN matrices: the least a layer of these families holds
 
 
 @dataclass(frozen=True)
@@ -34,9 +46,7 @@ class ModelConfig:
     d_ff: int
     vocab_size: int
     context_length: int
-    rope_theta: float
-    rope_dim: int
-    rope_neox: bool
+    rope: RopeConfig
     rms_eps: float
     tied_output: bool
     qkv_bias: bool
@@ -65,28 +75,60 @@ class ModelConfig:
         def key(name: str) -> str:
             return f"{arch}.{name}"
 
-        n_heads = int(gguf.require(key("attention.head_count")))
-        d_model = int(gguf.require(key("embedding_length")))
-        head_dim = int(gguf.get(key("attention.key_length"), d_model // max(n_heads, 1)))
+        def count(name: str, default: int | None = None, *, limit: int = MAX_CONTEXT) -> int:
+            value = gguf.get_int(key(name)) if default is None else gguf.get_int(key(name), default)
+            if not 1 <= value <= limit:
+                raise ModelFileError(f"{gguf.path}: metadata key '{key(name)}' = {value} must be in 1..{limit}")
+            return value
+
+        # Each layer holds at least TENSORS_PER_LAYER tensors: a claimed layer count the file cannot back is
+        # refused before anything is built per layer.
+        n_layers = count("block_count", limit=max(1, len(gguf.tensors) // TENSORS_PER_LAYER))
+        d_model = count("embedding_length")
+        n_heads = count("attention.head_count")
+        head_dim = count("attention.key_length", d_model // n_heads)
+        value_length = count("attention.value_length", head_dim)
+        if value_length != head_dim:
+            raise ModelFileError(
+                f"{gguf.path}: metadata key '{key('attention.value_length')}' = {value_length} differs from the "
+                f"key length {head_dim}; minfer's attention needs them equal"
+            )
+        context_length = count("context_length")
+        rms_eps = gguf.get_float(key("attention.layer_norm_rms_epsilon"))
+        if not (math.isfinite(rms_eps) and 0 < rms_eps < 1):
+            raise ModelFileError(
+                f"{gguf.path}: metadata key '{key('attention.layer_norm_rms_epsilon')}' = {rms_eps!r} "
+                "must be a positive number below 1"
+            )
+        rope_dim = count("rope.dimension_count", head_dim)
+        if rope_dim % 2 or rope_dim > head_dim:
+            raise ModelFileError(
+                f"{gguf.path}: metadata key '{key('rope.dimension_count')}' = {rope_dim} must be even and at most "
+                f"the head size {head_dim}"
+            )
         embed = gguf.tensor("token_embd.weight")
+        if len(embed.shape) != 2:
+            raise ModelFileError(
+                f"{gguf.path}: tensor 'token_embd.weight' has shape {list(embed.shape)}; "
+                "expected [embedding length, vocabulary size]"
+            )
         config = cls(
             architecture=arch,
-            n_layers=int(gguf.require(key("block_count"))),
+            n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
-            n_kv_heads=int(gguf.get(key("attention.head_count_kv"), n_heads)),
+            n_kv_heads=count("attention.head_count_kv", n_heads),
             head_dim=head_dim,
-            d_ff=int(gguf.require(key("feed_forward_length"))),
+            d_ff=count("feed_forward_length"),
             vocab_size=embed.shape[1],
-            context_length=int(gguf.require(key("context_length"))),
-            rope_theta=float(gguf.get(key("rope.freq_base"), spec.default_rope_theta)),
-            rope_dim=int(gguf.get(key("rope.dimension_count"), head_dim)),
-            rope_neox=spec.rope_neox,
-            rms_eps=float(gguf.require(key("attention.layer_norm_rms_epsilon"))),
+            context_length=context_length,
+            rope=read_rope_config(gguf, arch, rope_dim, DEFAULT_ROPE_FREQ_BASE, spec.rope_neox, context_length),
+            rms_eps=rms_eps,
             tied_output="output.weight" not in gguf.tensors,
             qkv_bias="blk.0.attn_q.bias" in gguf.tensors,
         )
         config.check(gguf)
+        audit(gguf, config)
         gate_up_match = all(
             gguf.tensor(f"blk.{layer}.ffn_gate.weight").qtype == gguf.tensor(f"blk.{layer}.ffn_up.weight").qtype
             for layer in range(config.n_layers)
@@ -95,14 +137,15 @@ class ModelConfig:
 
     def check(self, gguf: GGUFFile) -> None:
         """Refuse a file whose hyperparameters or tensors do not fit together, naming the culprit."""
-        if self.n_heads <= 0 or self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+        if self.n_heads % self.n_kv_heads:
             raise ModelFileError(
-                f"{gguf.path}: head_count {self.n_heads} is not a positive multiple of head_count_kv {self.n_kv_heads}"
+                f"{gguf.path}: head_count {self.n_heads} is not a multiple of head_count_kv {self.n_kv_heads}"
             )
-        if self.rope_dim % 2 or self.rope_dim > self.head_dim:
+        vocab_key = f"{self.architecture}.vocab_size"
+        if vocab_key in gguf.metadata and gguf.get_int(vocab_key) != self.vocab_size:
             raise ModelFileError(
-                f"{gguf.path}: rope.dimension_count {self.rope_dim} must be even and at most "
-                f"the head size {self.head_dim}"
+                f"{gguf.path}: metadata key '{vocab_key}' = {gguf.get_int(vocab_key)} but token_embd.weight has "
+                f"{self.vocab_size} rows"
             )
         for name, shape in self.expected_tensors().items():
             actual = gguf.tensor(name).shape

@@ -13,7 +13,8 @@ ModelConfig.stacked_tensors) — see `fused_decode_layer`.
 
 `build_graph` is a pure function of the config and the token count: the same
 graph serves position 0 and position 5000, because positions and the KV length
-are inputs the kernels read when they run.
+are inputs the kernels read when they run. RoPE's frequencies, RoPE scaling
+included, are one constant table (models/rope.py) that every rope reads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from collections.abc import Callable
 
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
 from minfer.models.config import ModelConfig
+from minfer.models.rope import rope_table
+
+ROPE_TABLE = "rope.inv_freq"  # the graph constant holding each rotated pair's frequency
 
 
 class _GraphBuilder:
@@ -75,13 +79,15 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
         return weight(name, shapes[name])
 
     x = g.node("embed", Op.EMBED, [w("token_embd.weight"), tokens], (n, d))
-    rope = dict(head_dim=config.head_dim, rope_dim=config.rope_dim, theta=config.rope_theta, neox=config.rope_neox)
+    inv_freq, mscale = rope_table(config.rope)
+    rope_freqs = Tensor(ROPE_TABLE, inv_freq.shape, "float64", TensorKind.CONSTANT)
+    rope = dict(head_dim=config.head_dim, rope_dim=config.rope.n_rot, neox=config.rope.neox, mscale=mscale)
     fused = n_tokens == 1 and config.fuse_decode
     for layer in range(config.n_layers):
         blk = f"blk.{layer}"
         cache = kv_cache_tensors(config, layer, n_ctx)
         if fused:
-            x = fused_decode_layer(g, config, blk, x, w, (positions, kv_len), cache, rope)
+            x = fused_decode_layer(g, config, blk, x, w, (positions, kv_len, rope_freqs), cache, rope)
             continue
         h = g.node(f"{blk}.attn_norm", Op.RMS_NORM, [x, w(f"{blk}.attn_norm.weight")], (n, d), eps=config.rms_eps)
         # The three projections of h first, one after the other: the CUDA backend runs such a run as one
@@ -104,7 +110,7 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
             projections[part] = g.node(
                 f"{blk}.rope_{part}",
                 Op.ROPE,
-                [projections[part], positions],
+                [projections[part], positions, rope_freqs],
                 (n, widths[part]),
                 inplace_input=0,
                 n_heads=n_heads,
@@ -144,6 +150,7 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
         nodes=g.nodes,
         inputs={t.name: t for t in (tokens, positions, kv_len)},
         outputs={"logits": logits},
+        constants={ROPE_TABLE: inv_freq},
     )
 
 
@@ -153,7 +160,7 @@ def fused_decode_layer(
     blk: str,
     x: Tensor,
     w: Callable[[str], Tensor],
-    position_inputs: tuple[Tensor, Tensor],
+    position_inputs: tuple[Tensor, Tensor, Tensor],
     cache: tuple[Tensor, Tensor],
     rope: dict[str, object],
 ) -> Tensor:
@@ -163,8 +170,8 @@ def fused_decode_layer(
     x = x + attention(q, cache) Wo                                        (ATTENTION, MATMUL_ADD)
     x = x + swiglu(ffn_norm(x) Wgate_up) Wdown                            (NORM_SWIGLU, MATMUL_ADD)
     """
-    positions, kv_len = position_inputs
-    qkv_inputs = [x, w(f"{blk}.attn_norm.weight"), w(f"{blk}.attn_qkv.weight"), positions]
+    positions, kv_len, rope_freqs = position_inputs
+    qkv_inputs = [x, w(f"{blk}.attn_norm.weight"), w(f"{blk}.attn_qkv.weight"), positions, rope_freqs]
     if config.qkv_bias:
         qkv_inputs.append(w(f"{blk}.attn_qkv.bias"))
     heads = dict(n_heads=config.n_heads, n_kv_heads=config.n_kv_heads)

@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, RopeScalingType
 
 from minfer.gguf_file import GGUFFile
 from minfer.models.config import ModelConfig
+from minfer.models.rope import FREQ_FACTORS_TENSOR, RopeConfig
 from minfer.testing.quantize import quantize
 from minfer.testing.vocab import add_tokenizer_metadata
 
@@ -35,10 +36,27 @@ class SyntheticSpec:
     rms_eps: float = 1e-5
     tied_output: bool = True
     qkv_bias: bool = False
+    # RoPE scaling as llama.cpp's converter writes it: rope.scaling.{type, factor, original_context_length},
+    # and Llama 3's per-pair factors (rope_freqs.weight, head_dim/2 values).
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_original_context: int = 0
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def rope(self) -> RopeConfig:
+        return RopeConfig(
+            n_rot=self.head_dim,
+            freq_base=self.rope_theta,
+            neox=self.architecture == "qwen2",
+            scaling=self.rope_scaling,
+            factor=self.rope_scaling_factor,
+            original_context=self.rope_original_context,
+            freq_factors=self.rope_freq_factors,
+        )
 
     def config(self) -> ModelConfig:
         return ModelConfig(
@@ -51,9 +69,7 @@ class SyntheticSpec:
             d_ff=self.d_ff,
             vocab_size=self.vocab_size,
             context_length=self.context_length,
-            rope_theta=self.rope_theta,
-            rope_dim=self.head_dim,
-            rope_neox=self.architecture == "qwen2",
+            rope=self.rope(),
             rms_eps=self.rms_eps,
             tied_output=self.tied_output,
             qkv_bias=self.qkv_bias,
@@ -144,6 +160,13 @@ def write_synthetic_model(
     writer.add_head_count_kv(spec.n_kv_heads)
     writer.add_rope_freq_base(spec.rope_theta)
     writer.add_rope_dimension_count(spec.head_dim)
+    if spec.rope_scaling != "none":
+        writer.add_rope_scaling_type(RopeScalingType(spec.rope_scaling))
+        writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+        if spec.rope_scaling == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(spec.rope_original_context)
+    if spec.rope_freq_factors is not None:
+        writer.add_tensor(FREQ_FACTORS_TENSOR, np.asarray(spec.rope_freq_factors, dtype=np.float32))
     writer.add_layer_norm_rms_eps(spec.rms_eps)
     writer.add_vocab_size(spec.vocab_size)
     add_tokenizer_metadata(writer, spec.vocab_size, pre=pre or ("qwen2" if spec.architecture == "qwen2" else "smollm"))
@@ -158,6 +181,39 @@ def write_synthetic_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def rewrite_gguf(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    set_keys: dict[str, tuple[object, GGUFValueType]] | None = None,
+    drop_keys: tuple[str, ...] = (),
+    add_tensors: dict[str, np.ndarray] | None = None,
+    drop_tensors: tuple[str, ...] = (),
+) -> Path:
+    """A copy of a GGUF file with metadata keys set (value, GGUF type) or dropped and tensors added (float32
+    values, numpy order) or dropped: the files a test needs that no converter would write."""
+    gguf = GGUFFile(source)
+    writer = GGUFWriter(str(target), gguf.architecture)
+    changes = set_keys or {}
+    for key, kind in gguf.value_types.items():
+        if key in drop_keys or key in changes or key == "general.architecture":
+            continue
+        writer.add_key_value(key, gguf.metadata[key], kind.type, sub_type=kind.element)
+    for key, (value, value_type) in changes.items():
+        sub_type = GGUFValueType.get_type(value[0]) if isinstance(value, list) else None
+        writer.add_key_value(key, value, value_type, sub_type=sub_type)
+    for name, tensor in gguf.tensors.items():
+        if name not in drop_tensors:
+            writer.add_tensor(name, np.array(tensor.data), raw_dtype=tensor.qtype)
+    for name, values in (add_tensors or {}).items():
+        writer.add_tensor(name, np.asarray(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(target)
 
 
 def scaled(spec: SyntheticSpec | str, **changes: object) -> SyntheticSpec:

@@ -23,10 +23,17 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 import minfer_kernels as mk
-from minfer.backends.base import Backend, CompiledGraph, LoadProgress, ProgressCallback
+from minfer.backends.base import (
+    Backend,
+    CompiledGraph,
+    LoadProgress,
+    ProgressCallback,
+    check_states_fit,
+    checked_inputs,
+)
 from minfer.backends.cuda.memory import Readback, ScratchPool, StagingRing, WeightRegistry, allocate
 from minfer.backends.cuda.timing import OpTimer
-from minfer.errors import BackendError
+from minfer.errors import BackendError, NumericalError
 from minfer.gguf_file import GGUFFile, TensorInfo
 from minfer.graph.alloc import BufferPlan
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
@@ -121,6 +128,8 @@ class CudaCompiledGraph(CompiledGraph):
         self.backend = backend
         self.graph = graph
         self.plan = plan
+        for name, values in graph.constants.items():
+            backend.weights.register(name, values)  # the registry owns them, like the file's weights
         for node in graph.nodes:
             backend.check(node)
         self.slots = [backend.pool.acquire(n, f"scratch buffer {i}") for i, n in enumerate(plan.slot_nbytes)]
@@ -145,6 +154,8 @@ class CudaCompiledGraph(CompiledGraph):
             return self.backend.weights.ptr(tensor.name)
         if tensor.kind is TensorKind.STATE:
             return self.backend.states[tensor.name].ptr
+        if tensor.kind is TensorKind.CONSTANT:
+            return self.backend.weights.ptr(tensor.name)
         return self.inputs[tensor.name].ptr
 
     # -- binding: one arm per op ------------------------------------------------------------------
@@ -195,9 +206,10 @@ class CudaCompiledGraph(CompiledGraph):
     def bind_rope(self, node: Node) -> list[Launch]:
         p = node.params
         mode = mk.kernels.ROPE_NEOX if p["neox"] else mk.kernels.ROPE_NORMAL
-        positions = node.inputs[1]
+        _, positions, inv_freq = node.inputs
         args = (self.ptr(node.output), self.ptr(positions), positions.shape[0], p["n_heads"], p["head_dim"])
-        return [Launch(mk.kernels.rope_f32, (*args, p["rope_dim"], p["theta"], mode, self.backend.stream))]
+        rope = (p["rope_dim"], self.ptr(inv_freq), p["mscale"], mode)
+        return [Launch(mk.kernels.rope_f32, (*args, *rope, self.backend.stream))]
 
     def bind_kv_store(self, node: Node) -> list[Launch]:
         k, v, positions = node.inputs
@@ -256,7 +268,7 @@ class CudaCompiledGraph(CompiledGraph):
         return [Launch(mk.kernels.gemv_swiglu, args)]
 
     def bind_norm_qkv_rope_store(self, node: Node) -> list[Launch]:
-        x, norm_weight, qkv, positions, *bias = node.inputs
+        x, norm_weight, qkv, positions, inv_freq, *bias = node.inputs
         cache_k, cache_v = node.writes
         p = node.params
         weights = self.backend.weights
@@ -264,9 +276,10 @@ class CudaCompiledGraph(CompiledGraph):
         biases = [weights.ptr(name) for name in self.backend.stacks[bias[0].name]] if bias else [0, 0, 0]
         head = (*parts, self.ptr(x), self.ptr(norm_weight), p["eps"], *biases)
         outputs = (self.ptr(node.output), self.ptr(cache_k), self.ptr(cache_v), self.ptr(positions))
-        heads = (qkv.shape[1], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["rope_dim"], p["theta"])
+        heads = (qkv.shape[1], p["n_heads"], p["n_kv_heads"], p["head_dim"])
         mode = mk.kernels.ROPE_NEOX if p["neox"] else mk.kernels.ROPE_NORMAL
-        args = (*head, *outputs, *heads, mode, cache_k.shape[0], self.backend.stream)
+        rope = (p["rope_dim"], self.ptr(inv_freq), p["mscale"], mode)
+        args = (*head, *outputs, *heads, *rope, cache_k.shape[0], self.backend.stream)
         return [Launch(mk.kernels.gemv_qkv_rope_store, args)]
 
     def weight_type(self, weight: Tensor | str) -> int:
@@ -281,10 +294,7 @@ class CudaCompiledGraph(CompiledGraph):
     # -- running ----------------------------------------------------------------------------------
 
     def run(self, inputs: dict[str, np.ndarray]) -> None:
-        for name, tensor in self.graph.inputs.items():
-            value = np.asarray(inputs[name], dtype=np.int32)
-            if value.shape != tensor.shape:
-                raise BackendError(f"cuda: input '{name}' has shape {value.shape}, the graph expects {tensor.shape}")
+        for name, value in checked_inputs("cuda", self.graph, inputs).items():
             self.backend.staging.upload(self.inputs[name], value)
         stream = self.backend.stream
         if self.backend.timer is not None:
@@ -333,7 +343,10 @@ class CudaCompiledGraph(CompiledGraph):
             self.argmax_workspace = allocate(needed, "the argmax workspace")  # zeroed, as the kernel needs
         args = (self.ptr(tensor), self.argmax_out.ptr, self.argmax_workspace.ptr, 1, n, self.backend.stream)
         mk.kernels.argmax_f32(*args)
-        return int(self.backend.readback.read(self.argmax_out, 4, np.dtype(np.int32), (1,))[0])
+        index = int(self.backend.readback.read(self.argmax_out, 4, np.dtype(np.int32), (1,))[0])
+        if index < 0:  # the kernel's mark of a row holding NaN or Inf
+            raise NumericalError(f"cuda: non-finite values (NaN or Inf) in '{tensor.name}'")
+        return index
 
     def release(self) -> None:
         """Give the scratch buffers back to the pool (the captured graph that used them goes first)."""
@@ -423,12 +436,13 @@ class CudaBackend(Backend):
         self.weight_types[tensor.name] = tensor.qtype
 
     def allocate_states(self, states: list[Tensor]) -> None:
-        for tensor in states:
-            current = self.states.get(tensor.name)
-            if current is None or current.nbytes != tensor.nbytes:
-                buffer = allocate(tensor.nbytes, f"KV cache '{tensor.name}'")
-                buffer.copy_from_host(np.zeros(tensor.nbytes, dtype=np.uint8), self.stream)
-                self.states[tensor.name] = buffer
+        new = [t for t in states if t.name not in self.states or self.states[t.name].nbytes != t.nbytes]
+        free, _ = mk.mem_info()
+        check_states_fit(self.name, new, free, "the device's free memory")
+        for tensor in new:
+            # A new DeviceBuffer holds zeros (csrc/runtime.cpp), so no host copy of the cache's size is needed.
+            what = f"the KV cache for --ctx-size {tensor.shape[0]} ('{tensor.name}'; lower --ctx-size)"
+            self.states[tensor.name] = allocate(tensor.nbytes, what)
 
     def compile(self, graph: Graph, plan: BufferPlan) -> CudaCompiledGraph:
         return CudaCompiledGraph(self, graph, plan)
