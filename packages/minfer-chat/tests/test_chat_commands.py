@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from chat_steps import (
@@ -42,7 +43,7 @@ def test_unknown_commands_are_errors(text):
 @pytest.mark.parametrize(
     ("text", "field", "value"),
     [("/temp 0.3", "temperature", 0.3), ("/top-p 0.5", "top_p", 0.5), ("/top-k 7", "top_k", 7),
-     ("/seed 42", "seed", 42), ("/seed off", "seed", None)],
+     ("/seed 42", "seed", 42), ("/seed off", "seed", None), ("/seed -1", "seed", None)],
 )  # fmt: skip
 def test_sampling_commands_change_one_field(text, field, value):
     before = SamplingParams(seed=1)
@@ -122,12 +123,15 @@ async def test_system_prompt_is_set_and_removed(tiny_model):
         ("/temp", "/temp X: give a value (now 0)"),
         ("/top-p 2", "invalid sampling parameter top_p=2.0"),
         ("/top-k 1.5", "/top-k N: '1.5' is not a whole number"),
-        ("/seed soon", "/seed N: 'soon' is not a whole number"),
+        ("/seed soon", "/seed N: not an integer: 'soon'"),
+        ("/seed -2", "/seed N: must be -1 (a random seed) or zero or a positive integer, got '-2'"),
         ("/max-tokens 0", "/max-tokens N: must be between 1 and 511"),
         ("/max-tokens lots", "/max-tokens N: 'lots' is not a whole number"),
         ("/max-tokens", "/max-tokens N: give a value (now 12)"),
         ("/save", "/save PATH: give a file name"),
+        ("/save ~no-such-user-x/chat.md", "cannot save to '~no-such-user-x/chat.md': no home directory for '~no-such"),
         ("/frobnicate now", "unknown command /frobnicate: /help lists the commands"),
+        ("/\x1b[2Jclear", "unknown command /[2Jclear: /help lists the commands"),  # the escape is not played
     ],
 )
 @run_async
@@ -174,6 +178,52 @@ async def test_save_writes_both_turns_as_markdown_or_json(tiny_model, tmp_path):
         assert json.loads((tmp_path / "chat.json").read_text(encoding="utf-8"))["messages"] == app.chat.messages
         assert notices(app)[-3] == f"Saved 4 messages to {tmp_path / 'chat.md'}."
         assert "cannot save to" in notices(app, errors_only=True)[-1]
+
+
+@run_async
+async def test_seed_minus_one_means_a_fresh_seed_for_every_reply(tiny_model):
+    app = chat_app(tiny_model, sampling=SamplingParams(temperature=1.0, seed=3))
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await submit(pilot, "/seed -1")
+        assert app.chat.sampling == SamplingParams(temperature=1.0, seed=None)
+        assert notices(app)[-1] == "seed = None" and notices(app, errors_only=True) == []
+        await submit(pilot, "Hello")  # the reply that a seed of -1 used to end the app on
+        assert len(replies(app)) == 1 and app.chat.last.stats.generated_tokens > 0
+
+
+# Paths /save cannot write to, and the reason the app gives: Python's own for a NUL byte, the OS's for the rest.
+UNWRITABLE = {
+    "a NUL byte": (lambda folder: f"{folder}/a\x00b.md", "embedded null byte"),
+    "a missing folder": (lambda folder: f"{folder}/missing/chat.md", "No such file or directory"),
+    "a folder": (lambda folder: str(folder), "Is a directory"),
+    "a file as a folder": (lambda folder: f"{folder}/chat.md/again.md", "Not a directory"),
+    "a name too long": (lambda folder: f"{folder}/{'x' * 300}.md", "File name too long"),
+    "no permission": (lambda folder: "/sys/minfer-chat.md", "Permission denied"),  # sysfs: even for root
+    "a full disk": (lambda folder: "/dev/full", "No space left on device"),
+}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/sys and /dev/full, which give these errors for real, are Linux's")
+@pytest.mark.parametrize("case", UNWRITABLE)
+@run_async
+async def test_save_errors_are_reported_and_the_conversation_stays(tiny_model, tmp_path, case):
+    path_in, reason = UNWRITABLE[case]
+    path = path_in(tmp_path)
+    (tmp_path / "chat.md").write_text("a file, not a folder")
+    app = chat_app(tiny_model)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        await submit(pilot, "First question")
+        conversation = app.chat.messages
+        await submit(pilot, f"/save {path}")
+        [shown] = notices(app, errors_only=True)
+        assert shown == f"cannot save to {path!r}: {reason}"
+        assert app.chat.messages == conversation and len(replies(app)) == 1
+        await submit(pilot, "Second question")  # the app carries on with the same conversation
+        assert app.chat.messages[:2] == conversation and len(replies(app)) == 2
+        await submit(pilot, f"/save {tmp_path / 'saved.json'}")
+        assert json.loads((tmp_path / "saved.json").read_text(encoding="utf-8"))["messages"] == app.chat.messages
 
 
 @run_async

@@ -38,6 +38,8 @@ from minfer_chat.commands import (
     is_command,
     parse_command,
     parse_max_tokens,
+    parse_save_path,
+    save_error,
     updated_sampling,
 )
 from minfer_chat.widgets import (
@@ -48,6 +50,7 @@ from minfer_chat.widgets import (
     PromptInput,
     StatusLine,
     UserMessage,
+    printable,
 )
 
 KEYS_HELP = [
@@ -190,8 +193,12 @@ class ChatApp(App[None]):
         return not command.while_streaming
 
     def notice(self, text: str, *, error: bool = False) -> None:
-        """Add a line from the app (command output, a notice, an error) to the conversation."""
-        self.query_one("#conversation").mount(Notice(Content(text), classes="error" if error else ""))
+        """Add a line from the app (command output, a notice, an error) to the conversation.
+
+        Notices quote what was typed (an unknown command, a path): its control characters are dropped, so that an
+        escape sequence is not played on the terminal.
+        """
+        self.query_one("#conversation").mount(Notice(Content(printable(text)), classes="error" if error else ""))
 
     # -- replies ----------------------------------------------------------------------------------
 
@@ -300,12 +307,11 @@ class ChatApp(App[None]):
         self.notice(f"max_tokens = {self.chat.max_tokens}")
 
     def save_conversation(self, command: SlashCommand, argument: str) -> None:
-        if not argument:
-            raise CommandError(f"{command.usage}: give a file name (.json for JSON, else Markdown)")
+        path = parse_save_path(command, argument)
         try:
-            path = self.chat.save(Path(argument).expanduser())
-        except OSError as exc:
-            raise CommandError(f"cannot save to {argument}: {exc.strerror or exc}") from None
+            self.chat.save(path)
+        except (OSError, ValueError) as exc:  # no such folder, no permission, a folder, disk full; a NUL byte
+            raise save_error(path, exc) from None
         self.notice(f"Saved {len(self.chat.messages)} messages to {path}.")
 
     def show_stats(self, command: SlashCommand, argument: str) -> None:

@@ -7,11 +7,14 @@ What each command *does* lives in the app (`ChatApp.command_handlers`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from minfer import MinferError, SamplingParams
+from minfer.cli import seed_value
 
 
 class CommandError(Exception):
@@ -41,7 +44,7 @@ COMMANDS: dict[str, SlashCommand] = {
         SlashCommand("top-p", "X", "keep the likeliest tokens up to probability X (1 disables)"),
         SlashCommand("top-k", "N", "keep the N likeliest tokens (0 disables)"),
         SlashCommand("max-tokens", "N", "the longest reply, in tokens"),
-        SlashCommand("seed", "N", "seed for reproducible sampling; `off` for a fresh one each time"),
+        SlashCommand("seed", "N", "seed for reproducible sampling; `off` or -1 for a fresh one each time"),
         SlashCommand("save", "PATH", "save the conversation: JSON for .json, else Markdown"),
         SlashCommand("stats", "", "speed and token counts of the last reply, and the settings"),
         SlashCommand("quit", "", "leave minfer-chat", while_streaming=True),
@@ -83,8 +86,13 @@ def parse_int(command: SlashCommand, argument: str) -> int:
 
 
 def parse_seed(command: SlashCommand, argument: str) -> int | None:
-    """A seed, or None (a fresh one for every reply) for `off`."""
-    return None if argument == "off" else parse_int(command, argument)
+    """A seed, or None (a fresh one for every reply) for `off` or -1, which is what `--seed -1` means."""
+    if argument == "off":
+        return None
+    try:
+        return seed_value(argument)  # the command line's reading of a seed, so that both take the same values
+    except argparse.ArgumentTypeError as exc:
+        raise CommandError(f"{command.usage}: {exc}") from None
 
 
 # The commands that set one sampling parameter: command name -> (SamplingParams field, how to read the value).
@@ -104,6 +112,23 @@ def updated_sampling(sampling: SamplingParams, command: SlashCommand, argument: 
         return dataclasses.replace(sampling, **{field: parse(command, argument)})
     except MinferError as exc:  # the runtime checks the ranges: one source of truth
         raise CommandError(f"{command.usage}: {exc}") from None
+
+
+def parse_save_path(command: SlashCommand, argument: str) -> Path:
+    """The file `/save` writes, `~` expanded."""
+    if not argument:
+        raise CommandError(f"{command.usage}: give a file name (.json for JSON, else Markdown)")
+    try:
+        return Path(argument).expanduser()
+    except RuntimeError:  # `~name` for a user this system does not know, or `~` with no home directory
+        raise CommandError(f"cannot save to {argument!r}: no home directory for {argument.split('/')[0]!r}") from None
+
+
+def save_error(path: Path, exc: OSError | ValueError) -> CommandError:
+    """Why the conversation could not be written to `path`, in one line: the OS's reason, or Python's for a path
+    no file can have (a NUL byte, a character the file system cannot encode)."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return CommandError(f"cannot save to {str(path)!r}: {reason}")
 
 
 def parse_max_tokens(command: SlashCommand, argument: str, *, current: int, ctx_size: int) -> int:
