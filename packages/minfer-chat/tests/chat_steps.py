@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual import events
 from textual.pilot import Pilot
 
 from minfer import SamplingParams
 from minfer_chat import ChatApp, ChatOptions
-from minfer_chat.widgets import AssistantMessage, Notice, PromptInput, UserMessage
+from minfer_chat.widgets import AssistantMessage, Notice, PendingList, PromptInput, UserMessage
 
 GREEDY = SamplingParams(temperature=0)
 TERMINAL_SIZE = (100, 40)
@@ -46,6 +47,17 @@ async def wait_until_idle(pilot: Pilot) -> None:
     await pilot.pause()
 
 
+async def wait_for(pilot: Pilot, condition: Callable[[], bool], *, timeout: float = 60) -> None:
+    """Let the app run until `condition` holds (checked every 10 ms, so as not to take the CPU from the workers);
+    fail rather than hang."""
+
+    async def poll() -> None:
+        while not condition():
+            await pilot.pause(0.01)
+
+    await asyncio.wait_for(poll(), timeout=timeout)
+
+
 async def wait_until_loaded(pilot: Pilot) -> None:
     await wait_until_idle(pilot)
     assert pilot.app.session is not None, f"the model did not load: {pilot.app.load_error}"
@@ -66,6 +78,16 @@ async def enter(pilot: Pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+async def enter_while_streaming(pilot: Pilot, text: str) -> None:
+    """`enter` for a test that types while the model generates, where each pilot key press waits a second or two
+    for an idle that does not come: the Enter key goes to the app as the terminal's would, and the step
+    returns once the message box has taken it (Enter empties the box)."""
+    box = pilot.app.query_one(PromptInput)
+    box.insert(text)
+    pilot.app.post_message(events.Key("enter", "\r"))
+    await wait_for(pilot, lambda: box.text == "")
+
+
 async def submit(pilot: Pilot, text: str) -> None:
     """`enter` the text, and wait for what it started (a reply, say) to finish."""
     await enter(pilot, text)
@@ -73,7 +95,8 @@ async def submit(pilot: Pilot, text: str) -> None:
 
 
 class PieceWatcher:
-    """Records each piece of a reply as the app shows it (on the UI thread), and flags the first."""
+    """Records the text a reply shows as it streams (on the UI thread: each update brings the pieces that came
+    since the last one), and flags the first."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.pieces: list[str] = []
@@ -95,6 +118,12 @@ class PieceWatcher:
 def notices(app: ChatApp, *, errors_only: bool = False) -> list[str]:
     selector = "Notice.error" if errors_only else "Notice"
     return [str(notice.content) for notice in app.query(selector).results(Notice)]
+
+
+def queued(app: ChatApp) -> list[str]:
+    """What the list above the message box shows as waiting for the reply."""
+    pending = app.query_one(PendingList)
+    return str(pending.content).splitlines() if pending.display else []
 
 
 def user_messages(app: ChatApp) -> list[str]:

@@ -1,9 +1,13 @@
-"""The `minfer-chat` command line: its flags (the same as `minfer run`'s) and its one-line errors."""
+"""The `minfer-chat` command line: its flags (the same as `minfer run`'s), its one-line errors, SIGINT."""
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -28,7 +32,7 @@ def minfer_chat(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_flags_become_the_apps_options():
     args = build_parser().parse_args(
-        ["model.gguf", "--backend", "cpu", "-c", "1024", "--system", "Be brief.", "-n", "64",
+        ["model.gguf", "--backend", "cpu", "-c", "1024", "-t", "3", "--system", "Be brief.", "-n", "64",
          "--temp", "0.5", "--top-k", "10", "--top-p", "0.8", "--min-p", "0.1", "--repeat-penalty", "1.1",
          "--repeat-last-n", "32", "--seed", "7"]
     )  # fmt: skip
@@ -36,6 +40,7 @@ def test_flags_become_the_apps_options():
         model="model.gguf",
         backend="cpu",
         ctx_size=1024,
+        threads=3,
         system="Be brief.",
         sampling=SamplingParams(
             temperature=0.5, top_k=10, top_p=0.8, min_p=0.1, repeat_penalty=1.1, repeat_last_n=32, seed=7
@@ -61,6 +66,7 @@ def test_help_lists_the_flags():
         (["--temp", "hot"], 2, "minfer-chat: error: argument --temp: not a number: 'hot' (see minfer-chat --help)"),
         (["--top-p", "3"], 1, "minfer-chat: error: invalid sampling parameter top_p=3.0"),
         (["--backend", "tpu"], 2, "minfer-chat: error: argument --backend: invalid choice: 'tpu'"),
+        (["-t", "0"], 2, "minfer-chat: error: argument -t/--threads: "),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, status, message):
@@ -76,3 +82,72 @@ def test_missing_model_is_a_one_line_error(tmp_path):
     # The app had started (it loads the model itself, showing progress); the error follows its exit.
     assert result.stderr.endswith(f"minfer-chat: error: {missing}: no such file\n")
     assert "Traceback" not in result.stderr
+
+
+class Terminal:
+    """A pseudo-terminal for running minfer-chat as a user's shell would, reading everything it writes."""
+
+    def __init__(self) -> None:
+        import pty
+        import termios
+
+        self.master, self.tty = pty.openpty()
+        self.settings = termios.tcgetattr(self.tty)  # what the app must give back
+        self.output = b""
+
+    def read_until(self, wanted: bytes, process: subprocess.Popen[bytes], *, timeout: float = 30) -> None:
+        """Read the app's output (a full pseudo-terminal would stall it) until `wanted` appears."""
+        deadline = time.monotonic() + timeout
+        while wanted not in self.output:
+            assert process.poll() is None, f"minfer-chat ended first: {self.output[-500:]!r}"
+            assert time.monotonic() < deadline, f"no {wanted!r} in {self.output[-500:]!r}"
+            if select.select([self.master], [], [], 0.1)[0]:
+                self.output += os.read(self.master, 65536)
+
+    def read_until_exit(self, process: subprocess.Popen[bytes], *, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while process.poll() is None:
+            assert time.monotonic() < deadline, f"minfer-chat is still running: {self.output[-500:]!r}"
+            if select.select([self.master], [], [], 0.1)[0]:
+                self.output += os.read(self.master, 65536)
+        return process.returncode
+
+    def close(self) -> None:
+        os.close(self.master)
+        os.close(self.tty)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals and SIGINT from another process are POSIX's")
+def test_sigint_from_outside_exits_130_and_gives_the_terminal_back(tiny_model):
+    import termios
+
+    terminal = Terminal()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minfer_chat", str(tiny_model), "--backend", "cpu", "-t", "1", "-n", "16"],
+        stdin=terminal.tty,
+        stdout=terminal.tty,
+        stderr=terminal.tty,
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "24"},
+        start_new_session=True,  # its own session: the pseudo-terminal is its controlling terminal, not ours
+    )
+    try:
+        terminal.read_until(b"Type a message", process)  # the model has loaded and the app waits for input
+        assert termios.tcgetattr(terminal.tty) != terminal.settings  # the app has the terminal in raw mode
+        process.send_signal(signal.SIGINT)
+        assert terminal.read_until_exit(process) == 130
+        assert termios.tcgetattr(terminal.tty) == terminal.settings  # echo and line editing are back
+        after = terminal.output.rsplit(b"Type a message", 1)[1]
+        assert b"\x1b[?1049l" in after  # it left the alternate screen
+        assert b"Traceback" not in terminal.output and b"KeyboardInterrupt" not in terminal.output
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        terminal.close()
+
+
+def test_version_names_every_package():
+    result = minfer_chat("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("minfer-chat: minfer-runtime 0.1.0, minfer-kernels ")
+    assert "minfer-chat " in result.stdout

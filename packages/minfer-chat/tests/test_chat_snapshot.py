@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_one_exchange(snap_compare, tiny_model):
-    app = chat_app(tiny_model, sampling=SamplingParams(temperature=0.8, seed=1234), max_tokens=24)
+    # One thread: the header and the status line name the count, which is the machine's by default.
+    app = chat_app(tiny_model, sampling=SamplingParams(temperature=0.8, seed=1234), max_tokens=24, threads=1)
 
     async def exchange_one_message(pilot: Pilot) -> None:
         await wait_until_loaded(pilot)

@@ -24,6 +24,7 @@ async def save_screenshot(path: Path) -> None:
     app = ChatApp(ChatOptions(backend="cpu", sampling=SamplingParams(temperature=0), max_tokens=256))
     async with app.run_test(size=TERMINAL_SIZE) as pilot:
         await app.workers.wait_for_complete()  # the model loads
+        await pilot.pause()  # and the app takes it in
         if app.load_error:
             sys.exit(f"screenshot: {app.load_error}")
         message_box = app.query_one(PromptInput)

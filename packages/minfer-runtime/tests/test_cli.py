@@ -41,7 +41,7 @@ TIMEOUT = 120  # seconds; a hung CLI fails the test instead of hanging the suite
 
 STATS = re.compile(
     r"^prompt: (?P<prompt>\d+) tokens, (?P<pp>[\d.]+) tok/s \| "
-    r"generated: (?P<generated>\d+) tokens, (?P<tg>[\d.]+) tok/s \| stop: (?P<stop>\w+)$",
+    r"generated: (?P<generated>\d+) tokens, (?P<tg>[\d.]+) tok/s \| threads: (?P<threads>\d+) \| stop: (?P<stop>\w+)$",
     re.MULTILINE,
 )
 PROMPT = "Hello there, how are you?"
@@ -571,12 +571,14 @@ def test_graph_errors_are_one_line(tiny_model, tmp_path):
 
 
 def test_bench_prints_a_markdown_table(tiny_model):
-    result = minfer_cli("bench", tiny_model, "-p", "16", "-n", "4", "-r", "2")
+    result = minfer_cli("bench", tiny_model, "-p", "16", "-n", "4", "-r", "2", "--backend", "cpu")
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+    table, footer = result.stdout.split("\n\n")
+    assert footer == f"build: minfer {minfer.__version__}\n"  # llama-bench's table ends with its build
+    lines = table.splitlines()
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert {"model", "backend", "test", "t/s"} <= set(header)
-    assert set(lines[1].replace("|", "").split()) <= {"---", "---:"}
+    assert all(re.fullmatch(r"-+[-:]", cell) for cell in lines[1].replace("|", "").split())
     rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
     assert [row["test"] for row in rows] == ["pp16", "tg4"]
     for row in rows:
@@ -585,7 +587,7 @@ def test_bench_prints_a_markdown_table(tiny_model):
 
 
 def test_bench_json_output(tiny_model):
-    result = minfer_cli("bench", tiny_model, "-p", "16", "-n", "4", "-r", "2", "-o", "json")
+    result = minfer_cli("bench", tiny_model, "-p", "16", "-n", "4", "-r", "2", "-o", "json", "--backend", "cpu")
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)
     assert [r["test"] for r in records] == ["pp16", "tg4"]

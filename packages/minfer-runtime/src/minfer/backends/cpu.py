@@ -272,6 +272,9 @@ class CpuBackend(Backend):
                 self.weights[name] = dequantize(gguf.tensor(name))
                 report.loaded(name)
 
+    def weight_nbytes(self, name: str) -> int:
+        return self.weights[name].nbytes  # float32: the weights were dequantized at load
+
     def allocate_states(self, states: list[Tensor]) -> None:
         new = [t for t in states if t.name not in self.states or self.states[t.name].shape != t.shape]
         memory = physical_memory_bytes()

@@ -435,6 +435,9 @@ class CudaBackend(Backend):
         self.weights.register(tensor.name, tensor.raw_bytes())
         self.weight_types[tensor.name] = tensor.qtype
 
+    def weight_nbytes(self, name: str) -> int:
+        return self.weights.buffers[name].nbytes  # the file's stored bytes: the kernels read the quantized blocks
+
     def allocate_states(self, states: list[Tensor]) -> None:
         new = [t for t in states if t.name not in self.states or self.states[t.name].nbytes != t.nbytes]
         free, _ = mk.mem_info()
