@@ -7,7 +7,7 @@ import pytest
 from engine_steps import shared_inplace_input_graph
 
 from minfer.backends.cpu import CpuBackend
-from minfer.backends.cuda.backend import gemm_groups
+from minfer.backends.cuda.gemm_groups import gemm_groups
 from minfer.errors import BackendError
 from minfer.graph.alloc import plan_buffers
 from minfer.graph.dot import to_dot

@@ -30,7 +30,7 @@ def create_backend(name: str) -> Backend:
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise BackendError(f"--backend cuda: the CUDA backend cannot run here: {reason} (use --backend cpu)")
-        from minfer.backends.cuda import CudaBackend
+        from minfer.backends.cuda.backend import CudaBackend
 
         return CudaBackend()
     from minfer.backends.cpu import CpuBackend
