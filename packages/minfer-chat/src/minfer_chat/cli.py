@@ -7,7 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from minfer import MinferError, resolve_model
-from minfer.cli import OneLineParser, add_model_options, add_sampling_options, positive_int, sampling_from, versions
+from minfer.cli import (
+    OneLineParser,
+    VersionAction,
+    add_model_options,
+    add_sampling_options,
+    positive_int,
+    sampling_from,
+)
 from minfer_chat.app import ChatApp, ChatOptions
 
 EXIT_ERROR = 1
@@ -21,9 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "model", nargs="?", help="a known model name (smollm2) or a .gguf file (default: the default model)"
     )
-    parser.add_argument(
-        "--version", action="version", version=versions("minfer-chat"), help="the versions of minfer's packages"
-    )
+    parser.add_argument("--version", action=VersionAction, prog="minfer-chat", help="the versions of minfer's packages")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("-n", "--max-tokens", type=positive_int, default=512, help="longest reply, in tokens")
     add_model_options(parser)

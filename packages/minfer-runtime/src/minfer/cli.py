@@ -146,7 +146,7 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="minfer", description="A minimal, fast LLM inference engine for GGUF models.")
-    parser.add_argument("--version", action="version", version=versions(), help="the versions of minfer's packages")
+    parser.add_argument("--version", action=VersionAction, help="the versions of minfer's packages")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     run = commands.add_parser("run", help="generate a reply to a prompt", description=RUN_HELP)
@@ -181,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--tokens", type=positive_int, default=1, help="token count of the graph (1 = decode)")
     graph.add_argument("--dot", type=Path, help="output .dot file (default: standard output)")
     return parser
+
+
+class VersionAction(argparse.Action):
+    """`--version`: every package's version on one line (argparse's own action wraps it to the terminal)."""
+
+    def __init__(self, option_strings: list[str], dest: str, prog: str = "minfer", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.prog = prog
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        sys.stdout.write(versions(self.prog) + "\n")  # on stdout, as argparse's own version action writes it
+        parser.exit(0)
 
 
 def versions(prog: str = "minfer") -> str:
@@ -258,7 +270,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     apply), plus minfer's --backend and --ctx-size. Its -t is a list, so not add_model_options'."""
     parser.set_defaults(ignored=[])
     parser.add_argument("model", nargs="?", metavar="MODEL", help="a known name or a .gguf file, as -m")
-    parser.add_argument("--version", action="version", version=versions(), help="the versions of minfer's packages")
+    parser.add_argument("--version", action=VersionAction, help="the versions of minfer's packages")
     tests = parser.add_argument_group("test parameters (lists: a,b,c or first-last[+step|*mult], repeatable)")
     tests.add_argument(
         "-m",
