@@ -122,6 +122,7 @@ class ChatSession:
             if fewest + self.max_tokens <= self.ctx_size:
                 tokens = [*prefix, *tokenizer.encode(new_text, add_bos=False if continues else None)]
                 if len(tokens) + self.max_tokens <= self.ctx_size:
+                    self.engine.check_request(tokens, self.max_tokens, ())  # the reply budget: a positive int
                     return _Turn(turns, dropped, tokens, rendered)
             if len(turns) <= 1:
                 size = f"{len(tokens)} tokens" if tokens is not None else f"at least {fewest} tokens"

@@ -374,8 +374,8 @@ class Engine:
         stop: Sequence[str],
         result: Generation | None,
     ) -> Iterator[str]:
-        """`stream` for a caller that holds the engine already (ChatSession holds it over a whole turn)."""
-        self.check_request(prompt_tokens, max_tokens, stop)
+        """`stream` for a caller that holds the engine already and has checked the request (`check_request`):
+        ChatSession holds it over a whole turn."""
         result = result if result is not None else Generation()
         stats = result.stats
         stats.threads = self.threads

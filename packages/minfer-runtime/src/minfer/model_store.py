@@ -8,6 +8,7 @@ its checksum verified).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -134,14 +135,21 @@ def record_verified(path: Path, model: KnownModel) -> None:
     """Remember that `path`, as it is now, matched `model.sha256`; skipped where the cache is not writable."""
     stamps = verified_stamps()
     stamps[str(path.resolve())] = {"stamp": file_stamp(path), "sha256": model.sha256}
+    with contextlib.suppress(OSError):  # a cache that cannot be written: the file is only hashed again next time
+        write_stamps(stamps)
+
+
+def write_stamps(stamps: dict[str, dict[str, object]]) -> None:
+    """Replace the record of verified files (atomically: a concurrent reader sees the old one or the new)."""
     target = cache_dir() / VERIFIED_FILE
     partial = target.with_name(f"{VERIFIED_FILE}.{os.getpid()}.partial")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(stamps), encoding="utf-8")
-        partial.replace(target)  # atomic: a concurrent reader sees the old record or the new one
+        partial.replace(target)
     except OSError:
         partial.unlink(missing_ok=True)
+        raise
 
 
 def verified(path: Path, model: KnownModel) -> bool:
@@ -287,9 +295,9 @@ def remove(name: str) -> Path:
         where = f"; it is installed by pip at {installed}: `pip uninstall {model.package}`" if installed else ""
         raise ModelNotFoundError(f"model '{name}' is not in minfer's cache ({target}){where}")
     stamps = verified_stamps()
-    if stamps.pop(str(target.resolve()), None) is not None:
-        (cache_dir() / VERIFIED_FILE).write_text(json.dumps(stamps), encoding="utf-8")
     try:
+        if stamps.pop(str(target.resolve()), None) is not None:
+            write_stamps(stamps)
         target.unlink()
     except OSError as exc:
         raise MinferError(f"{target}: cannot remove it ({exc.strerror or exc})") from None

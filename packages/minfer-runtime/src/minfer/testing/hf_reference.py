@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 
+from minfer.gguf_file import GGUFFile
 from minfer.testing.vocab import add_tokenizer_metadata
 
 
@@ -203,8 +204,6 @@ def gguf_tensors(reference: HFReference) -> dict[str, np.ndarray]:
 def recorded_metadata(path: str | os.PathLike[str]) -> list[list[Any]]:
     """The metadata of a converted file that `write_reference_gguf` copies: every key but the tokenizer's
     and `general.*`, as [key, value type, element type or None, value] (JSON-ready)."""
-    from minfer.gguf_file import GGUFFile
-
     gguf = GGUFFile(path)
     return [
         [key, kind.type.name, kind.element.name if kind.element else None, gguf.metadata[key]]
