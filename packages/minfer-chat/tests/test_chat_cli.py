@@ -53,6 +53,13 @@ def test_defaults_are_the_default_model_and_sampling():
     assert options_from(build_parser().parse_args([])) == ChatOptions(model=None, max_tokens=512)
 
 
+def test_the_app_imports_minfers_public_api_not_the_minfer_command():
+    """Its flags come from `minfer.options`, which `minfer` parses with too: loading the app loads no minfer.cli."""
+    code = "import sys, minfer_chat.cli; print('minfer.cli' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout == "False\n"
+
+
 def test_help_lists_the_flags():
     result = minfer_chat("--help")
     assert result.returncode == 0

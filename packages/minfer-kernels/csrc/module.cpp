@@ -11,6 +11,7 @@
 //     refuses, and copies that do not fit, raise ValueError before any CUDA call.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -29,8 +30,8 @@ cudaStream_t as_stream(std::uintptr_t handle) { return reinterpret_cast<cudaStre
 using HostArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 using MutableHostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
 
-// How a launcher parameter looks from Python: pointers (cudaStream_t is one too) are ints, the rest
-// (int, float) stays as it is.
+// How a launcher parameter looks from Python: pointers (cudaStream_t is one too) are ints, or None for
+// nullptr (an absent bias, no norm); the rest (int, float) stays as it is.
 template <typename T>
 struct PyParam {
     using type = T;
@@ -38,8 +39,8 @@ struct PyParam {
 };
 template <typename T>
 struct PyParam<T*> {
-    using type = std::uintptr_t;
-    static T* to_c(type value) { return reinterpret_cast<T*>(value); }
+    using type = std::optional<std::uintptr_t>;
+    static T* to_c(type value) { return value ? reinterpret_cast<T*>(*value) : nullptr; }
 };
 
 // Binds one launcher. Around the call, the error model: an error already pending is latched (reported
@@ -191,24 +192,27 @@ void bind_runtime(nb::module_& m) {
             "sync(self.handle): the drain point for this stream.")
         .def("wait", &minfer::Stream::wait, "event"_a, "Later work on this stream waits for `event`.");
 
-    nb::class_<minfer::Graph>(m, "Graph", "An instantiated CUDA graph (from end_capture), destroyed when dropped.")
+    nb::class_<minfer::CudaGraph>(m, "CudaGraph", "An instantiated CUDA graph (from end_capture), destroyed when dropped.")
         .def(
-            "launch", [](minfer::Graph& self, std::uintptr_t stream) { self.launch(as_stream(stream)); }, "stream"_a,
+            "launch", [](minfer::CudaGraph& self, std::uintptr_t stream) { self.launch(as_stream(stream)); }, "stream"_a,
             "Replay every captured operation on `stream` as one launch.")
-        .def_prop_ro("node_count", &minfer::Graph::node_count, "Operations captured (kernels, copies).");
+        .def_prop_ro("node_count", &minfer::CudaGraph::node_count, "Operations captured (kernels, copies).");
 
     m.def(
         "begin_capture", [](std::uintptr_t stream) { minfer::begin_capture(as_stream(stream)); }, "stream"_a,
         "Start recording the work enqueued on `stream` (thread-local capture mode) instead of running it.");
     m.def(
         "end_capture", [](std::uintptr_t stream) { return minfer::end_capture(as_stream(stream)); }, "stream"_a,
-        "Stop recording and return the instantiated Graph.");
+        "Stop recording and return the instantiated CudaGraph.");
     m.def(
         "is_capturing", [](std::uintptr_t stream) { return minfer::is_capturing(as_stream(stream)); }, "stream"_a,
         "Whether `stream` is in capture mode.");
 }
 
 void bind_kernels(nb::module_& k) {
+    nb::dict types;
+    for (int i = 0; i < minfer_kernel_type_count(); ++i) types[minfer_kernel_type_name(i)] = minfer_kernel_type_id(i);
+    k.attr("TYPES") = types;
     k.def("row_bytes", &minfer_row_bytes, "type"_a, "n_values"_a,
           "Bytes of one GGUF row of n_values values of GGML type `type`; -1 when unsupported or not whole blocks.");
     k.def("argmax_workspace_bytes", &argmax_workspace_bytes, "rows"_a, "n"_a,
@@ -254,33 +258,33 @@ void bind_kernels(nb::module_& k) {
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemm_group", launch_gemm_group,
                     "gemm's products of one x by up to three weights of one GGML type in one launch: y_p[t][o] = "
-                    "sum_i W_p[o][i] * x[t][i]; out_features_p 0: part p and the ones after it are absent.",
+                    "sum_i W_p[o][i] * x[t][i]; out_features_p 0 (pointers None): part p and the ones after it are absent.",
                     "weight_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "y_1"_a, "out_features_1"_a,
                     "weight_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a, "in_features"_a, "n_tokens"_a,
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
                     "One token: y[o] = sum_i W[o][i] * h[i] (+ residual[o]), h = x, or RMSNorm(x) * norm_weight when "
-                    "norm_weight is not 0; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "
-                    "of GGML type `type`; y may be residual (the add in place); residual 0: none.",
+                    "norm_weight is not None; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "
+                    "of GGML type `type`; y may be residual (the add in place); residual None: none.",
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv_int8", launch_gemv_int8,
-                    "gemv's function on the integer tensor cores (gemv takes this path for outputs of 16384 rows or "
-                    "more): x times the norm weight in three int8 parts per 32-value block, W of type Q4_0, Q4_1, "
+                    "gemv's function on the integer tensor cores (gemv takes this path itself for outputs of many rows "
+                    "where the weight allows: gemv.cu MANY_ROWS): x times the norm weight in three int8 parts per 32-value block, W of type Q4_0, Q4_1, "
                     "Q5_0 or Q8_0, 16-byte aligned, staged through shared memory by the copy engine; refused on "
                     "GPUs older than sm_90.",
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv_swiglu", launch_gemv_swiglu,
                     "One token: out[i] = silu((G h)[i]) * (U h)[i], G and U the gate and up weights (d_ff rows "
-                    "each, one GGML type), h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",
+                    "each, one GGML type), h = x or RMSNorm(x) * norm_weight (norm_weight None: none).",
                     "gate"_a, "up"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "out"_a, "in_features"_a, "d_ff"_a,
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemv_qkv_rope_store", launch_gemv_qkv_rope_store,
                     "One token: q = Wq h + bq, k = Wk h + bk, v = Wv h + bv (each weight its own GGML type; a bias "
-                    "0: none); RoPE (inv_freq, mscale and mode as rope_f32) on the q and k heads at positions[0]; q to `q`, k and v to "
+                    "None: none); RoPE (inv_freq, mscale and mode as rope_f32) on the q and k heads at positions[0]; q to `q`, k and v to "
                     "row positions[0] of the caches ([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 "
-                    "traps. h = x or RMSNorm(x) * norm_weight (norm_weight 0: none).",
+                    "traps. h = x or RMSNorm(x) * norm_weight (norm_weight None: none).",
                     "wq"_a, "q_type"_a, "wk"_a, "k_type"_a, "wv"_a, "v_type"_a, "x"_a, "norm_weight"_a, "eps"_a,
                     "bq"_a, "bk"_a, "bv"_a, "q"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "in_features"_a,
                     "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a,

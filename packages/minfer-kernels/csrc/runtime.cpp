@@ -298,9 +298,9 @@ float Event::elapsed_ms(const Event& end) const {
     return ms;
 }
 
-Graph::~Graph() { cudaGraphExecDestroy(exec_); }
+CudaGraph::~CudaGraph() { cudaGraphExecDestroy(exec_); }
 
-void Graph::launch(cudaStream_t stream) {
+void CudaGraph::launch(cudaStream_t stream) {
     raise_if_latched("cudaGraphLaunch");
     check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
 }
@@ -314,7 +314,7 @@ void begin_capture(cudaStream_t stream) {
     capturing_stream = stream;
 }
 
-std::unique_ptr<Graph> end_capture(cudaStream_t stream) {
+std::unique_ptr<CudaGraph> end_capture(cudaStream_t stream) {
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     if (capturing && stream == capturing_stream) capturing = false;  // the stream has left capture mode
@@ -327,7 +327,7 @@ std::unique_ptr<Graph> end_capture(cudaStream_t stream) {
     cudaGraphDestroy(graph);  // the executable graph no longer needs the graph it was made from
     check(counted, "cudaGraphGetNodes");
     check(instantiated, "cudaGraphInstantiate");
-    return std::make_unique<Graph>(exec, node_count);
+    return std::make_unique<CudaGraph>(exec, node_count);
 }
 
 bool is_capturing(cudaStream_t stream) {

@@ -137,12 +137,12 @@ private:
     cudaEvent_t event_ = nullptr;
 };
 
-class Graph {
+class CudaGraph {
 public:
-    Graph(cudaGraphExec_t exec, std::size_t node_count) : exec_(exec), node_count_(node_count) {}
-    ~Graph();
-    Graph(const Graph&) = delete;
-    Graph& operator=(const Graph&) = delete;
+    CudaGraph(cudaGraphExec_t exec, std::size_t node_count) : exec_(exec), node_count_(node_count) {}
+    ~CudaGraph();
+    CudaGraph(const CudaGraph&) = delete;
+    CudaGraph& operator=(const CudaGraph&) = delete;
 
     void launch(cudaStream_t stream);
     std::size_t node_count() const { return node_count_; }
@@ -155,7 +155,7 @@ private:
 // Capture in thread-local mode: only this thread's unsafe calls (a sync, say) invalidate the capture, so
 // another thread may keep working on its own stream meanwhile.
 void begin_capture(cudaStream_t stream);
-std::unique_ptr<Graph> end_capture(cudaStream_t stream);
+std::unique_ptr<CudaGraph> end_capture(cudaStream_t stream);
 bool is_capturing(cudaStream_t stream);
 
 }  // namespace minfer

@@ -24,16 +24,7 @@ requires_gpu = pytest.mark.skipif(
 
 INT_POISON = -12345
 
-GGUF_TYPES = {
-    mk.GGMLType.F32: gguf.GGMLQuantizationType.F32,
-    mk.GGMLType.F16: gguf.GGMLQuantizationType.F16,
-    mk.GGMLType.Q4_0: gguf.GGMLQuantizationType.Q4_0,
-    mk.GGMLType.Q4_1: gguf.GGMLQuantizationType.Q4_1,
-    mk.GGMLType.Q5_0: gguf.GGMLQuantizationType.Q5_0,
-    mk.GGMLType.Q8_0: gguf.GGMLQuantizationType.Q8_0,
-    mk.GGMLType.Q4_K: gguf.GGMLQuantizationType.Q4_K,
-    mk.GGMLType.Q6_K: gguf.GGMLQuantizationType.Q6_K,
-}
+GGUF_TYPES = {kernel_type: gguf.GGMLQuantizationType[kernel_type.name] for kernel_type in mk.GGMLType}
 
 # Rows of these are whole 256-value super-blocks; gguf.quants decodes them but cannot encode them.
 K_QUANTS = (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K)

@@ -105,6 +105,19 @@ def test_gemv_adds_a_separate_residual(rng, stream, dev):
     assert_close(got, residual + product, 1e-5, scale=condition + np.abs(residual))
 
 
+def test_gemv_by_name_with_none_for_the_absent_pointers(rng, stream, dev):
+    """The runtime calls every launcher by its parameters' names, None for an absent pointer (nullptr)."""
+    raw, values = quantize(randn(rng, 33, 896, scale=0.5), mk.GGMLType.Q8_0)
+    x = randn(rng, 896)
+    y = poisoned(33, np.float32, stream)
+    args = dict(weight=dev(raw), type=mk.GGMLType.Q8_0, x=dev(x), eps=EPS, y=y.ptr, in_features=896, out_features=33)
+    kernels.gemv(**args, norm_weight=None, residual=None, stream=stream.handle)
+    product, condition = references(values, x)
+    assert_close(from_device(y, 33, np.float32, stream), product, 1e-5, scale=condition)
+    with pytest.raises(TypeError):  # a misnamed parameter is refused before anything launches
+        kernels.gemv(**args, norm_weights=None, residual=None, stream=stream.handle)
+
+
 @pytest.mark.parametrize("d_ff", [1, 33, 4864])
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
 def test_gemv_swiglu(rng, stream, dev, ggml_type, d_ff):

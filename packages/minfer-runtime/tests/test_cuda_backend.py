@@ -17,8 +17,8 @@ import minfer
 from minfer.backends import create_backend
 from minfer.errors import BackendError
 from minfer.gguf_file import GGUFFile
-from minfer.graph.scheduler import schedule
 from minfer.sampler import SamplingParams
+from minfer.scheduler import schedule
 from minfer.testing.hf_reference import REFERENCES
 from minfer.testing.synthetic import scaled
 
@@ -115,9 +115,28 @@ def test_a_prompts_projections_of_one_x_are_one_launch(synthetic_model):
     prompt = engine.program(PROMPT_TOKENS).compiled
     launches = dict(zip((node.name for node in prompt.graph.nodes), prompt.launches, strict=True))
     for layer in range(SPECS["qwen2"].n_layers):
-        for first, later in (("attn_q", ("attn_k", "attn_v")), ("ffn_gate", ("ffn_up",))):
-            assert [launch.kernel for launch in launches[f"blk.{layer}.{first}"]] == [mk.kernels.gemm_group]
-            assert all(launches[f"blk.{layer}.{name}"] == [] for name in later)
+        for group in ("attn_q+attn_k+attn_v", "ffn_gate+ffn_up"):
+            assert [launch.kernel for launch in launches[f"blk.{layer}.{group}"]] == [mk.kernels.gemm_group]
+
+
+@pytest.mark.parametrize("unfused", ["every rule", "the gate/up rule"])
+def test_graphs_the_fusion_rules_leave_alone_run_on_the_primitive_kernels(synthetic_model, monkeypatch, unfused):
+    """What no rule matches (a new architecture's layer; gate and up of different types) runs as the model's
+    primitive ops, and gives the CPU's tokens."""
+    from minfer.backends.cuda import backend as cuda_backend
+    from minfer.backends.cuda import fuse
+
+    if unfused == "every rule":
+        monkeypatch.setattr(cuda_backend, "fuse", lambda graph, weight_type: graph)
+    else:
+        monkeypatch.setattr(fuse, "fuse_gate_up", lambda g, weight_type: g.result())
+    path = synthetic_model(SPECS["qwen2"], "Q4_0", 1)
+    errors, identical = compare_backends(path, random_prompts(SPECS["qwen2"].vocab_size, n_prompts=3))
+    assert max(errors) < 1e-2, f"relative logit errors {errors}"
+    assert identical >= 2, f"only {identical} of 3 greedy continuations identical"
+    decode = {node.op.value for node in minfer.load(path, backend="cuda", ctx_size=512).program(1).graph.nodes}
+    assert "gemv_swiglu" not in decode
+    assert ("silu" in decode) == (unfused == "every rule")
 
 
 def test_three_turn_chat_equals_rerunning_the_conversation(synthetic_model):
@@ -152,7 +171,7 @@ def test_op_timing_table_lists_every_op(synthetic_model, monkeypatch):
     list(engine.generate("timing", max_tokens=4, sampling=GREEDY))
     report = engine.backend.op_timing_report()
     assert report is not None
-    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu", "add_bias"):
+    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu", "add_bias", "gemv_qkv_rope_store"):
         assert f"| {op} |" in report
     assert engine.program(1).compiled.cuda_graph is None  # timed runs are never captured
 

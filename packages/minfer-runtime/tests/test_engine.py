@@ -10,7 +10,7 @@ import pytest
 
 import minfer
 from minfer import bench
-from minfer.errors import BackendError, ContextOverflowError, MinferError
+from minfer.errors import BackendError, ContextOverflowError, EngineBusyError, MinferError
 from minfer.generation import StopMatcher
 from minfer.sampler import SamplingParams
 
@@ -136,6 +136,21 @@ def test_closing_the_stream_cancels_and_keeps_stats(engine):
     stream.close()
     assert engine.last_stats.stop_reason == "cancelled"
     assert engine.last_stats.generated_tokens >= len(received)
+
+
+def test_on_start_runs_once_the_generation_holds_the_engine_and_never_for_a_refused_one(engine):
+    engine.reset()
+    calls: list[str] = []
+    prompt = engine.encode_prompt("Hello there")
+    first = engine.stream(prompt, max_tokens=8, sampling=GREEDY, on_start=lambda: calls.append("first"))
+    assert calls == []  # a generator that has not started holds nothing
+    next(first)
+    assert calls == ["first"]
+    refused = engine.stream(prompt, max_tokens=8, sampling=GREEDY, on_start=lambda: calls.append("refused"))
+    with pytest.raises(EngineBusyError):
+        next(refused)
+    list(first)
+    assert calls == ["first"]
 
 
 def test_chat_second_turn_prefills_only_its_own_tokens(engine):

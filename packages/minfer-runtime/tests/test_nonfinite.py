@@ -19,9 +19,9 @@ from test_cli import assert_one_line_error, minfer_cli
 from minfer.engine import Engine
 from minfer.errors import NumericalError
 from minfer.generation import Generation
-from minfer.graph.scheduler import schedule
 from minfer.models import build_graph
 from minfer.sampler import Sampler, SamplingParams
+from minfer.scheduler import schedule
 from minfer.testing.synthetic import scaled, write_synthetic_model
 
 GREEDY = SamplingParams(temperature=0)

@@ -39,6 +39,7 @@ from textual.worker import get_current_worker
 
 import minfer
 from minfer import ChatSession, Generation, GenerationStats, MinferError, SamplingParams
+from minfer.options import EXIT_ERROR, EXIT_INTERRUPTED
 from minfer_chat.commands import (
     COMMANDS,
     SAMPLING_SETTERS,
@@ -71,8 +72,6 @@ KEYS_HELP = [
     ("Esc", "stop the reply, keeping what was generated"),
     ("Ctrl+Q", "quit"),
 ]
-
-EXIT_INTERRUPTED = 130  # an external SIGINT, as Ctrl-C ends `minfer run`
 
 
 @dataclass(frozen=True)
@@ -294,7 +293,7 @@ class ChatApp(App[None]):
     async def model_loaded(self, message: LoadFinished) -> None:
         if message.chat is None:
             self.load_error = message.error
-            self.exit(return_code=1)
+            self.exit(return_code=EXIT_ERROR)
             return
         chat = self.session = message.chat
         info = chat.engine.info

@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from minfer import MinferError, resolve_model
-from minfer.cli import (
+from minfer.options import (
+    EXIT_ERROR,
     OneLineParser,
     VersionAction,
     add_model_options,
@@ -16,8 +17,6 @@ from minfer.cli import (
     sampling_from,
 )
 from minfer_chat.app import ChatApp, ChatOptions
-
-EXIT_ERROR = 1
 
 
 def build_parser() -> argparse.ArgumentParser:

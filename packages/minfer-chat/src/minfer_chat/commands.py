@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minfer import MinferError, SamplingParams
-from minfer.cli import seed_value
+from minfer.options import seed_value
 
 
 class CommandError(Exception):

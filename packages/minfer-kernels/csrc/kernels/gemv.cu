@@ -566,7 +566,7 @@ struct StoreRows {
 // out[i] = silu(gate_i) * up_i, from row i of the gate weight and row i of the up weight (one type,
 // checked at launch). A group takes OUTPUTS consecutive outputs: their gate rows, then their up rows (two
 // outputs per warp keep the 4864 warps of Qwen2.5-0.5B's FFN inside one wave of resident warps).
-struct GateUpSwiglu {
+struct GemvSwiglu {
     static constexpr int OUTPUTS = 2;
     static constexpr int ROWS = 2 * OUTPUTS;
     WeightPart gate, up;
@@ -595,7 +595,7 @@ struct GateUpSwiglu {
 // ones for v. Its epilogue adds the biases, rotates q and k pairs by the position, and writes q to `q`, k
 // and v to row `position` of the caches. The position is read from device memory, so a captured graph
 // serves every step; one outside the cache would write another buffer's memory, so the kernel traps.
-struct QkvRopeStore {
+struct GemvQkvRopeStore {
     static constexpr int ROWS = 2;
     WeightPart q_weight, k_weight, v_weight;
     const float* q_bias;  // each nullptr or [rows of its weight]
@@ -760,10 +760,6 @@ constexpr int MANY_ROWS = 16384;
 
 using namespace minfer;
 
-extern "C" bool minfer_gemv_supports(int type, const void* weight, const float* x, int in_features) {
-    return weight_refusal(type, weight, in_features) == nullptr && input_refusal(x, nullptr) == nullptr;
-}
-
 extern "C" cudaError_t launch_gemv(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                                    const float* residual, float* y, int in_features, int out_features,
                                    cudaStream_t stream) {
@@ -799,8 +795,8 @@ extern "C" cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int 
     if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (d_ff <= 0) return minfer_refuse("d_ff must be positive");
     const GemvInput in{x, norm_weight, eps, in_features, 1};
-    const GateUpSwiglu epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff),
-                                out, ceil_div(d_ff, GateUpSwiglu::OUTPUTS)};
+    const GemvSwiglu epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff),
+                              out, ceil_div(d_ff, GemvSwiglu::OUTPUTS)};
     return launch_epilogue(type, in, epilogue, stream);
 }
 
@@ -820,7 +816,7 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
         return minfer_refuse("head_dim must be even, and n_rot even, positive and at most head_dim");
     if (n_heads <= 0 || n_kv_heads <= 0 || n_ctx <= 0) return minfer_refuse("head counts and n_ctx must be positive");
     const int q_rows = n_heads * head_dim, kv_rows = n_kv_heads * head_dim;
-    QkvRopeStore epilogue{};
+    GemvQkvRopeStore epilogue{};
     epilogue.q_weight = weight_part(wq, q_type, in_features, q_rows);
     epilogue.k_weight = weight_part(wk, k_type, in_features, kv_rows);
     epilogue.v_weight = weight_part(wv, v_type, in_features, kv_rows);

@@ -106,8 +106,19 @@ __host__ __device__ __forceinline__ void q4_k_scale_min(const std::uint8_t* scal
     q4_k_scale_min(scales[j], scales[j + 4], scales[j + 8], s >= 4, scale, min);
 }
 
-// Bytes of one row of `n` values, or -1 when the type is not one of the eight above or `n` does not
-// split into whole blocks.
+// The formats above by name: the one list of the types the kernels read (every family reads each of them;
+// module.cpp exports it as kernels.TYPES, from which Python builds minfer_kernels.GGMLType).
+struct KernelType {
+    const char* name;
+    int id;
+};
+inline constexpr KernelType KERNEL_TYPES[] = {
+    {"F32", GGML_F32},   {"F16", GGML_F16},   {"Q4_0", GGML_Q4_0}, {"Q4_1", GGML_Q4_1},
+    {"Q5_0", GGML_Q5_0}, {"Q8_0", GGML_Q8_0}, {"Q4_K", GGML_Q4_K}, {"Q6_K", GGML_Q6_K},
+};
+
+// Bytes of one row of `n` values, or -1 when the type is not one of KERNEL_TYPES or `n` does not split
+// into whole blocks.
 inline long long row_bytes(int type, long long n) {
     switch (type) {
         case GGML_F32: return n * 4;

@@ -41,7 +41,10 @@ cudaError_t launch_rope_f32(float* x, const int* positions, int n_tokens, int n_
 cudaError_t launch_embed_rows(const void* table, int type, const int* ids, float* out, int n_tokens, int d,
                               int n_rows, cudaStream_t stream);
 
-// matmul.cu
+// matmul.cu. The GGML types every kernel family reads (ggml_formats.cuh: KERNEL_TYPES), by index.
+int minfer_kernel_type_count();
+const char* minfer_kernel_type_name(int index);
+int minfer_kernel_type_id(int index);
 long long minfer_row_bytes(int type, long long n_values);
 cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y, int in_features,
                           int out_features, int n_tokens, cudaStream_t stream);
@@ -56,7 +59,6 @@ cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type.
-bool minfer_gemv_supports(int type, const void* weight, const float* x, int in_features);
 cudaError_t launch_gemv(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                         const float* residual, float* y, int in_features, int out_features, cudaStream_t stream);
 cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int type, const float* x, const float* norm_weight,

@@ -19,6 +19,8 @@
 #include "ggml_formats.cuh"
 #include "launchers.h"
 
+#include <iterator>
+
 namespace minfer {
 namespace {
 
@@ -315,6 +317,9 @@ cudaError_t launch_format(const void* weight, long long row_bytes, const float* 
 
 using namespace minfer;
 
+extern "C" int minfer_kernel_type_count() { return static_cast<int>(std::size(KERNEL_TYPES)); }
+extern "C" const char* minfer_kernel_type_name(int index) { return KERNEL_TYPES[index].name; }
+extern "C" int minfer_kernel_type_id(int index) { return KERNEL_TYPES[index].id; }
 extern "C" long long minfer_row_bytes(int type, long long n_values) { return row_bytes(type, n_values); }
 
 extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y, int in_features,
@@ -325,8 +330,6 @@ extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* 
             "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a multiple of 32 for "
             "Q4_0/Q4_1/Q5_0/Q8_0 or of 256 for Q4_K/Q6_K");
     if (!is_aligned(weight, 4)) return minfer_refuse("weight must be 4-byte aligned");
-    if (n_tokens == 1 && minfer_gemv_supports(type, weight, x, in_features))
-        return launch_gemv(weight, type, x, nullptr, 0.0f, nullptr, y, in_features, out_features, stream);
     // The 16-byte loads need 16-byte aligned rows: an aligned base and a row length that keeps it.
     const bool wide_x = is_aligned(x, 16);
     const bool wide_w = is_aligned(weight, 16);

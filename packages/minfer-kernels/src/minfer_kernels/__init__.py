@@ -27,9 +27,9 @@ import numpy.typing as npt
 
 from . import _C, kernels
 from ._C import (
+    CudaGraph,
     DeviceBuffer,
     Event,
-    Graph,
     PinnedBuffer,
     Stream,
     begin_capture,
@@ -45,18 +45,9 @@ from ._C import (
 )
 from ._errors import CudaError
 
-
-class GGMLType(enum.IntEnum):
-    """The GGML type ids of the weight and table formats the kernels read (csrc/kernels/ggml_formats.cuh)."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q8_0 = 8
-    Q4_K = 12
-    Q6_K = 14
+#: The GGML type ids of the weight and table formats every kernel family reads, from their one list in the
+#: extension (csrc/kernels/ggml_formats.cuh: KERNEL_TYPES).
+GGMLType = enum.IntEnum("GGMLType", kernels.TYPES)
 
 
 def row_bytes(ggml_type: int, n_values: int) -> int:
@@ -65,7 +56,7 @@ def row_bytes(ggml_type: int, n_values: int) -> int:
     if nbytes < 0:
         raise ValueError(
             f"GGML type {ggml_type} with {n_values} values per row: not a type the kernels read "
-            "(F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), or not a whole number of its blocks "
+            f"({', '.join(t.name for t in GGMLType)}), or not a whole number of its blocks "
             "(32 values; 256 for Q4_K and Q6_K)"
         )
     return nbytes
@@ -152,11 +143,11 @@ def download(
 __all__ = [
     "BuildInfo",
     "CudaError",
+    "CudaGraph",
     "DeviceBuffer",
     "DeviceInfo",
     "Event",
     "GGMLType",
-    "Graph",
     "PinnedBuffer",
     "Stream",
     "begin_capture",

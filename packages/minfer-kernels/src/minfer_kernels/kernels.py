@@ -1,14 +1,16 @@
 """The kernel launchers of ``minfer_kernels._C``, one per ``extern "C"`` launcher in ``csrc/kernels``.
 
-Every launcher takes device pointers as ints (``DeviceBuffer.ptr``, plus a byte offset if you like),
-sizes as element counts, and the stream to enqueue on as an int (``Stream.handle``; 0 is the legacy
-default stream). It returns at once. It raises ``ValueError`` for arguments its kernel cannot handle
-(before launching), ``CudaError`` for a launch CUDA refuses, and ``CudaError(latched=True)`` when an
-earlier call or kernel left an error behind. ``help(kernels.matmul)`` shows each one's signature.
+Every launcher takes device pointers as ints (``DeviceBuffer.ptr``, plus a byte offset if you like; None
+where a launcher allows an absent one: no norm weight, no bias, no residual), sizes as element counts,
+and the stream to enqueue on as an int (``Stream.handle``; 0 is the legacy default stream). It returns
+at once. It raises ``ValueError`` for arguments its kernel cannot handle (before launching),
+``CudaError`` for a launch CUDA refuses, and ``CudaError(latched=True)`` when an earlier call or kernel
+left an error behind. ``help(kernels.matmul)`` shows each one's signature; every argument has its C
+parameter's name, so a call by name cannot pass one in another's place.
 
 Activations are float32 and token-major ``[n_tokens][d]``; weights and embedding tables are raw GGUF
-bytes with their GGML type id (``GGMLType``). Rows on a grid's y axis (``rows``, ``n_tokens``) are at
-most 65535 per launch.
+bytes with their GGML type id (``GGMLType``, built from ``TYPES``: the one list of the types every kernel
+family reads). Rows on a grid's y axis (``rows``, ``n_tokens``) are at most 65535 per launch.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
 attention_prefill_f32 = _kernels.attention_prefill_f32
 argmax_f32 = _kernels.argmax_f32
 argmax_workspace_bytes = _kernels.argmax_workspace_bytes
+TYPES = _kernels.TYPES
 
 __all__ = [
     "ROPE_NEOX",
     "ROPE_NORMAL",
+    "TYPES",
     "add_bias_f32",
     "add_f32",
     "argmax_f32",

@@ -7,12 +7,16 @@ for piece in model.generate("Why is the sky blue?", max_tokens=64):
 
 chat = model.chat(system="You are terse.")
 print("".join(chat.send("Hi!")))           # later turns prefill only their own tokens
+
+`minfer.options` holds what minfer's commands share on the command line (the parser, the model and sampling
+options, their value types, the exit statuses), for a command built on minfer such as `minfer-chat`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from minfer import options
 from minfer.backends.base import ProgressCallback
 from minfer.chat import ChatSession
 from minfer.engine import Engine, ModelInfo
@@ -49,6 +53,7 @@ __all__ = [
     "TemplateError",
     "TokenizerError",
     "load",
+    "options",
     "resolve_model",
 ]
 

@@ -15,17 +15,40 @@ prompt stays) and the rest is prefilled again. `dropped_turns` says how many.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from minfer.chat_template import ChatTemplate
 from minfer.errors import ContextOverflowError, MinferError
 from minfer.generation import Generation
 from minfer.sampler import SamplingParams
+from minfer.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from minfer.engine import Engine, Message
+Message = dict[str, str]  # one chat message: {"role": "system" | "user" | "assistant", "content": its text}
+
+
+class ChatEngine(Protocol):
+    """What a ChatSession uses of its engine; `minfer.Engine` is one.
+
+    A protocol, not the Engine class, so that this module imports no engine: the dependency goes one way,
+    engine -> chat (`Engine.chat` makes sessions).
+    """
+
+    ctx_size: int
+    tokenizer: Tokenizer
+    template: ChatTemplate
+
+    def stream(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None,
+        result: Generation | None,
+        on_start: Callable[[], None] | None,
+    ) -> Iterator[str]: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +64,7 @@ class _Turn:
 class ChatSession:
     def __init__(
         self,
-        engine: Engine,
+        engine: ChatEngine,
         *,
         system: str | None = None,
         sampling: SamplingParams | None = None,
@@ -122,7 +145,6 @@ class ChatSession:
             if fewest + self.max_tokens <= self.ctx_size:
                 tokens = [*prefix, *tokenizer.encode(new_text, add_bos=False if continues else None)]
                 if len(tokens) + self.max_tokens <= self.ctx_size:
-                    self.engine.check_request(tokens, self.max_tokens, ())  # the reply budget: a positive int
                     return _Turn(turns, dropped, tokens, rendered)
             if len(turns) <= 1:
                 size = f"{len(tokens)} tokens" if tokens is not None else f"at least {fewest} tokens"
@@ -134,18 +156,27 @@ class ChatSession:
             cached_tokens, cached_text = [], ""
 
     def _reply(self, turn: _Turn) -> Iterator[str]:
-        # The turn holds the engine from here to its end, so a turn refused because another generation runs
-        # leaves the conversation as it was.
-        with self.engine._hold():
+        """The reply to a planned turn. The engine checks the request here, when `send` is called; the turn joins
+        the conversation once the generation holds the engine, so a turn refused because another generation runs
+        leaves the conversation as it was."""
+        result = Generation()
+
+        def join() -> None:
             self.turns, self.dropped_turns = turn.turns, turn.dropped
-            result = Generation()
             self.last = result
-            try:
-                yield from self.engine._stream(
-                    turn.tokens, max_tokens=self.max_tokens, sampling=self.sampling, stop=(), result=result
-                )
-            finally:
-                # Keep whatever was generated, also when the reply was cancelled part-way.
+
+        pieces = self.engine.stream(
+            turn.tokens, max_tokens=self.max_tokens, sampling=self.sampling, result=result, on_start=join
+        )
+        return self._keep_reply(turn, result, pieces)
+
+    def _keep_reply(self, turn: _Turn, result: Generation, pieces: Iterator[str]) -> Iterator[str]:
+        """Stream `pieces`; once they end, the reply joins the conversation, as much of it as was generated when
+        it was cancelled part-way. A turn that never joined (refused) adds nothing."""
+        try:
+            yield from pieces
+        finally:
+            if self.last is result:
                 self.turns = [*self.turns, {"role": "assistant", "content": result.text}]
                 tokenizer = self.engine.tokenizer
                 exact = tokenizer.decode(result.tokens) == result.text

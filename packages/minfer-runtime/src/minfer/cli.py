@@ -9,139 +9,40 @@ stats and exits with 130.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from tqdm import tqdm
 
 from minfer import bench
 from minfer.backends import BACKEND_CHOICES
-from minfer.backends.cpu import CpuBackend
+from minfer.backends.cuda.fuse import fuse
 from minfer.engine import Engine
 from minfer.errors import MinferError
 from minfer.generation import GenerationStats
 from minfer.gguf_file import GGUFFile
 from minfer.graph.alloc import plan_buffers
 from minfer.graph.dot import to_dot
-from minfer.graph.scheduler import assign_backends
 from minfer.info import describe
 from minfer.model_store import DEFAULT_MODEL, KNOWN_MODELS, copies, pull, remove, resolve_model
 from minfer.models import build_graph
 from minfer.models.config import ModelConfig
-from minfer.sampler import SamplingParams
+from minfer.options import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    OneLineParser,
+    VersionAction,
+    add_model_options,
+    add_sampling_options,
+    non_negative_int,
+    positive_int,
+    sampling_from,
+)
+from minfer.options import EXIT_USAGE as EXIT_USAGE  # re-exported: cli.EXIT_* name every exit status of `minfer`
 from minfer.threads import default_threads
-
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """--help shows each option's default, where it has one the help text does not already state."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        shown = action.default not in (None, False, argparse.SUPPRESS, [])
-        if shown and action.option_strings and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a malformed command line is one line on stderr, not a usage dump; --help shows defaults."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def positive_int(text: str) -> int:
-    value = int_value(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int_value(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text!r}")
-    return value
-
-
-def int_value(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def seed_value(text: str) -> int | None:
-    """--seed: -1 asks for a random seed (llama.cpp's LLAMA_DEFAULT_SEED), as None does in SamplingParams."""
-    value = int_value(text)
-    if value == -1:
-        return None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be -1 (a random seed) or zero or a positive integer, got {text!r}")
-    return value
-
-
-def float_value(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="where to run (default: auto)")
-    parser.add_argument(
-        "-c", "--ctx-size", type=positive_int, help="context size in tokens (default: min(4096, model's))"
-    )
-    parser.add_argument(
-        "-t",
-        "--threads",
-        type=positive_int,
-        help=f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)",
-    )
-
-
-def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    defaults = SamplingParams()
-    parser.add_argument("--temp", type=float_value, default=defaults.temperature, help="temperature; 0 = greedy")
-    parser.add_argument("--top-k", type=int_value, default=defaults.top_k, help="0 disables")
-    parser.add_argument("--top-p", type=float_value, default=defaults.top_p, help="1.0 disables")
-    parser.add_argument("--min-p", type=float_value, default=defaults.min_p, help="0.0 disables")
-    parser.add_argument("--repeat-penalty", type=float_value, default=defaults.repeat_penalty, help="1.0 disables")
-    parser.add_argument(
-        "--repeat-last-n", type=int_value, default=defaults.repeat_last_n, help="recent tokens the penalty looks at"
-    )
-    parser.add_argument(
-        "--seed", type=seed_value, default=None, help="seed for reproducible sampling (default: -1, a random one)"
-    )
-
-
-def sampling_from(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        temperature=args.temp,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        repeat_last_n=args.repeat_last_n,
-        seed=args.seed,
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,30 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     graph.add_argument("--tokens", type=positive_int, default=1, help="token count of the graph (1 = decode)")
     graph.add_argument("--dot", type=Path, help="output .dot file (default: standard output)")
+    graph.add_argument(
+        "--backend",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="the graph as this backend runs it: cpu = the model's primitive ops, cuda = after the CUDA "
+        "backend's fusion rules (computed from the file's tensor types; needs no GPU)",
+    )
     return parser
-
-
-class VersionAction(argparse.Action):
-    """`--version`: every package's version on one line (argparse's own action wraps it to the terminal)."""
-
-    def __init__(self, option_strings: list[str], dest: str, prog: str = "minfer", **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-        self.prog = prog
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        sys.stdout.write(versions(self.prog) + "\n")  # on stdout, as argparse's own version action writes it
-        parser.exit(0)
-
-
-def versions(prog: str = "minfer") -> str:
-    """`--version` of minfer's commands: every package of minfer, installed or not."""
-    parts = []
-    for package in ("minfer-runtime", "minfer-kernels", "minfer-chat"):
-        try:
-            parts.append(f"{package} {importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{package} (not installed)")
-    return f"{prog}: " + ", ".join(parts)
 
 
 RUN_HELP = """Generate a reply. With two arguments they are MODEL and PROMPT. With one, it is
@@ -272,57 +157,22 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", metavar="MODEL", help="a known name or a .gguf file, as -m")
     parser.add_argument("--version", action=VersionAction, help="the versions of minfer's packages")
     tests = parser.add_argument_group("test parameters (lists: a,b,c or first-last[+step|*mult], repeatable)")
-    tests.add_argument(
-        "-m",
-        "--model",
-        dest="models",
-        action=BenchListAction,
-        parse=bench.parse_models,
-        metavar="MODEL[,MODEL...]",
-        help=f"models to measure, one after the other (default: {DEFAULT_MODEL})",
-    )
-    tests.add_argument(
-        "-p",
-        "--n-prompt",
-        action=BenchListAction,
-        parse=bench.parse_int_range,
-        metavar="N",
-        help="prompt sizes; 0 measures no prompt (default: 512)",
-    )
-    tests.add_argument(
-        "-n",
-        "--n-gen",
-        action=BenchListAction,
-        parse=bench.parse_int_range,
-        metavar="N",
-        help="generation lengths; 0 measures no generation (default: 128)",
-    )
-    tests.add_argument(
-        "-pg",
-        dest="pg",
-        action=BenchListAction,
-        parse=bench.parse_pairs,
-        metavar="PROMPT,GEN",
-        help="a prompt followed by a generation, timed together (ppPROMPT+tgGEN); repeatable (default: none)",
-    )
-    tests.add_argument(
-        "-d",
-        "--n-depth",
-        "--depth",
-        action=BenchListAction,
-        parse=bench.parse_int_range,
-        metavar="N",
-        help="tokens already in the KV cache when each test starts, prefilled untimed (default: 0)",
-    )
-    tests.add_argument(
-        "-t",
-        "--threads",
-        dest="n_threads",
-        action=BenchListAction,
-        parse=bench.at_least(1, "thread count"),
-        metavar="N",
-        help=f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)",
-    )
+    test_flags = (  # options, dest, parse, metavar, help
+        (("-m", "--model"), "models", bench.parse_models, "MODEL[,MODEL...]",
+         f"models to measure, one after the other (default: {DEFAULT_MODEL})"),
+        (("-p", "--n-prompt"), "n_prompt", bench.parse_int_range, "N",
+         "prompt sizes; 0 measures no prompt (default: 512)"),
+        (("-n", "--n-gen"), "n_gen", bench.parse_int_range, "N",
+         "generation lengths; 0 measures no generation (default: 128)"),
+        (("-pg",), "pg", bench.parse_pairs, "PROMPT,GEN",
+         "a prompt followed by a generation, timed together (ppPROMPT+tgGEN); repeatable (default: none)"),
+        (("-d", "--n-depth", "--depth"), "n_depth", bench.parse_int_range, "N",
+         "tokens already in the KV cache when each test starts, prefilled untimed (default: 0)"),
+        (("-t", "--threads"), "n_threads", bench.at_least(1, "thread count"), "N",
+         f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)"),
+    )  # fmt: skip
+    for options, dest, parse, metavar, text in test_flags:
+        tests.add_argument(*options, dest=dest, action=BenchListAction, parse=parse, metavar=metavar, help=text)
     run = parser.add_argument_group("how the tests run and print")
     run.add_argument("-r", "--repetitions", type=positive_int, default=5, help="times each test is measured")
     run.add_argument("-o", "--output", choices=bench.OUTPUT_FORMATS, default="md", help="format on stdout")
@@ -592,11 +442,14 @@ def command_rm(args: argparse.Namespace) -> int:
 
 
 def command_graph(args: argparse.Namespace) -> int:
-    config = ModelConfig.from_gguf(GGUFFile(resolve_model(args.model)))
+    gguf = GGUFFile(resolve_model(args.model))
+    config = ModelConfig.from_gguf(gguf)
     if args.tokens > config.context_length:
         raise MinferError(f"--tokens {args.tokens} exceeds the model's context length {config.context_length}")
     graph = build_graph(config, args.tokens, config.context_length)
-    plan = plan_buffers(graph, assign_backends(graph, CpuBackend()))
+    if args.backend == "cuda":
+        graph = fuse(graph, lambda name: int(gguf.tensor(name).qtype))
+    plan = plan_buffers(graph)
     summary = (
         f"{len(graph.nodes)} nodes, {len(plan.slot_nbytes)} scratch buffers "
         f"({plan.total_nbytes / 2**20:.2f} MiB), {len(plan.aliased)} in-place nodes aliased"

@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Integral
@@ -22,24 +22,22 @@ import numpy as np
 
 from minfer.backends import create_backend
 from minfer.backends.base import ProgressCallback
-from minfer.chat import ChatSession
+from minfer.chat import ChatSession, Message
 from minfer.chat_template import ChatTemplate
 from minfer.errors import ContextOverflowError, EngineBusyError, MinferError, NumericalError
 from minfer.generation import Generation, GenerationStats, StopMatcher
 from minfer.gguf_file import GGUFFile
-from minfer.graph.scheduler import Program, schedule
 from minfer.model_store import resolve_model
 from minfer.models import build_graph
 from minfer.models.config import ModelConfig
 from minfer.sampler import Sampler, SamplingParams
+from minfer.scheduler import Program, schedule
 from minfer.threads import set_threads
 from minfer.tokenizer import Tokenizer
 
 DEFAULT_CTX_SIZE = 4096
 PREFILL_CHUNK = 512  # longest prompt piece run as one graph (llama.cpp's default batch)
 GRAPH_CACHE_SIZE = 4  # compiled graphs kept per engine: decode, and a few prompt lengths
-
-Message = dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,7 @@ class Engine:
                 "lower --max-tokens or raise --ctx-size"
             )
         self.backend = create_backend(backend)
-        stacked = self.config.stacked_tensors() if self.config.fuse_decode else {}
-        self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress, stacked=stacked)
+        self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress)
         self.kv_tokens: list[int] = []  # the tokens whose K/V rows the cache holds, at positions 0..n-1
         # Held by the one generation (or direct forward pass) using the cache (`_hold`). A Lock, not an RLock:
         # a generator may be closed on another thread than the one that started it (the chat app's worker).
@@ -336,14 +333,16 @@ class Engine:
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         result: Generation | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Iterator[str]:
         """Generate after `prompt_tokens`, yielding text; `result` (if given) collects tokens, text and stats.
 
         The arguments are checked when this is called. The generation holds the engine from its first step to its
-        end (`_hold`): a second one meanwhile is refused.
+        end: a second one meanwhile is refused (EngineBusyError). `on_start`, if given, is called once it holds
+        the engine, before anything runs, so never for a refused one (ChatSession adds its turn there).
         """
         self.check_request(prompt_tokens, max_tokens, stop)
-        return self._held_stream(prompt_tokens, max_tokens, sampling, stop, result)
+        return self._held_stream(prompt_tokens, max_tokens, sampling, stop, result, on_start)
 
     def check_request(self, prompt_tokens: Sequence[int], max_tokens: int, stop: Sequence[str]) -> None:
         """Refuse, before anything runs, a reply budget below 1, a request that overflows the context, or stop
@@ -361,8 +360,11 @@ class Engine:
         sampling: SamplingParams | None,
         stop: Sequence[str],
         result: Generation | None,
+        on_start: Callable[[], None] | None,
     ) -> Iterator[str]:
         with self._hold():
+            if on_start is not None:
+                on_start()
             yield from self._stream(prompt_tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result)
 
     def _stream(
@@ -374,8 +376,7 @@ class Engine:
         stop: Sequence[str],
         result: Generation | None,
     ) -> Iterator[str]:
-        """`stream` for a caller that holds the engine already and has checked the request (`check_request`):
-        ChatSession holds it over a whole turn."""
+        """The generation itself, for `_held_stream`: it holds the engine, and `stream` has checked the request."""
         result = result if result is not None else Generation()
         stats = result.stats
         stats.threads = self.threads

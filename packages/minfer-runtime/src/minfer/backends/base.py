@@ -2,12 +2,15 @@
 
 A backend owns three kinds of memory: the weight store (every model tensor,
 uploaded once at load), the state (the persistent per-layer K/V cache), and
-per-graph scratch laid out by the liveness allocator. `compile` binds one graph
-to that memory; the result runs the graph as many times as the engine asks.
+per-graph scratch laid out by the liveness allocator. `lower` rewrites a model's
+graph of primitive ops into the graph the backend runs (its own fused ops);
+`compile` binds that graph to the memory; the result runs it as many times as
+the engine asks.
 """
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -16,14 +19,33 @@ import numpy as np
 from minfer.errors import BackendError, NumericalError
 from minfer.gguf_file import GGUFFile
 from minfer.graph.alloc import BufferPlan
-from minfer.graph.ir import Graph, Op, Tensor
+from minfer.graph.ir import Graph, Tensor, TensorKind
 
 # Called as progress(done_bytes, total_bytes) while weights load.
 ProgressCallback = Callable[[int, int], None]
 
 
 class CompiledGraph(ABC):
-    """One graph bound to a backend's buffers, ready to run."""
+    """One graph bound to a backend's buffers, ready to run.
+
+    Every tensor lives in one of five stores, by its kind (`storage`): the scratch slot the buffer plan
+    gave an activation, the backend's weights, states and constants, or this graph's inputs.
+    """
+
+    slots: list
+    inputs: dict
+    plan: BufferPlan
+    backend: Backend
+
+    def storage(self, tensor: Tensor) -> object:
+        """The backend's object holding `tensor` (a numpy array on the CPU, a device buffer on the GPU)."""
+        if tensor.kind is TensorKind.ACTIVATION:
+            return self.slots[self.plan.slot_of[tensor.name]]
+        if tensor.kind is TensorKind.WEIGHT or tensor.kind is TensorKind.CONSTANT:
+            return self.backend.weights[tensor.name]
+        if tensor.kind is TensorKind.STATE:
+            return self.backend.states[tensor.name]
+        return self.inputs[tensor.name]
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray]) -> None:
@@ -95,22 +117,16 @@ class Backend(ABC):
     device_name: str
 
     @abstractmethod
-    def supports(self, op: Op) -> bool: ...
+    def supports(self, op: enum.Enum) -> bool: ...
+
+    def lower(self, graph: Graph) -> Graph:
+        """The graph this backend runs for a model's graph: the same math, in the ops it implements best
+        (the CUDA backend's fused ops). The identity by default: every backend runs the primitive ops."""
+        return graph
 
     @abstractmethod
-    def load_weights(
-        self,
-        gguf: GGUFFile,
-        names: list[str],
-        progress: ProgressCallback | None = None,
-        *,
-        stacked: dict[str, tuple[str, ...]] | None = None,
-    ) -> None:
-        """Make every named tensor of `gguf` available to the kernels.
-
-        Each `stacked` entry names a tensor that is not in the file: the rows of its parts (which are in
-        `names`), in order (ModelConfig.stacked_tensors). The parts stay available under their own names.
-        """
+    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
+        """Make every named tensor of `gguf` available to the kernels, under its name."""
 
     @abstractmethod
     def weight_nbytes(self, name: str) -> int:

@@ -8,6 +8,7 @@ buffers the liveness allocator planned, and in-place ops honour the alias rule.
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable
 
@@ -41,13 +42,6 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> 
     mean_square = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
     np.multiply(x, 1.0 / np.sqrt(mean_square + eps), out=out)
     out *= weight
-
-
-def normalized(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """rms_norm into a new array: the input of the fused ops' matmul."""
-    out = np.empty_like(x)
-    rms_norm(x, weight, eps, out)
-    return out
 
 
 def rope_inplace(
@@ -105,29 +99,20 @@ def attention(
     out.reshape(n, n_kv_heads, group, head_dim)[...] = np.einsum("kgnt,tkd->nkgd", scores, values)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
 class CpuCompiledGraph(CompiledGraph):
     def __init__(self, backend: CpuBackend, graph: Graph, plan: BufferPlan) -> None:
         self.backend = backend
         self.graph = graph
         self.plan = plan
+        backend.weights.update(graph.constants)  # the weight store holds them, as the file's tensors
         self.slots = [np.empty(nbytes, dtype=np.uint8) for nbytes in plan.slot_nbytes]
         self.inputs: dict[str, np.ndarray] = {}
 
     def array(self, tensor: Tensor) -> np.ndarray:
-        if tensor.kind is TensorKind.ACTIVATION:
-            slot = self.slots[self.plan.slot_of[tensor.name]]
-            return slot[: tensor.nbytes].view(tensor.dtype).reshape(tensor.shape)
-        if tensor.kind is TensorKind.WEIGHT:
-            return self.backend.weights[tensor.name]
-        if tensor.kind is TensorKind.STATE:
-            return self.backend.states[tensor.name]
-        if tensor.kind is TensorKind.CONSTANT:
-            return self.graph.constants[tensor.name]
-        return self.inputs[tensor.name]
+        stored = self.storage(tensor)
+        if tensor.kind is TensorKind.ACTIVATION:  # a slot is raw bytes, shared by tensors of one size
+            return stored[: tensor.nbytes].view(tensor.dtype).reshape(tensor.shape)
+        return stored
 
     def run(self, inputs: dict[str, np.ndarray]) -> None:
         self.inputs = checked_inputs("cpu", self.graph, inputs)
@@ -141,15 +126,14 @@ class CpuCompiledGraph(CompiledGraph):
     def execute(self, node: Node) -> None:
         ins = [self.array(t) for t in node.inputs]
         out = self.array(node.output) if node.output is not None else None
-        if node.inplace_input is not None and node.name not in self.plan.aliased:
-            # Alias rule: the allocator gave the output its own buffer, so stage the input there first.
+        if self.plan.stages(node):
             np.copyto(out, ins[node.inplace_input])
         OPS[node.op](self, node, ins, out)
 
     def read(self, tensor: Tensor) -> np.ndarray:
         return np.array(self.array(tensor), dtype=np.float32)
 
-    # One method per op; `out` already holds the in-place operand where the op has one.
+    # One method per op; `out` already holds the in-place operand where the op has one (the alias rule).
     def embed(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         table, tokens = ins
         np.take(table, tokens, axis=0, out=out)
@@ -182,39 +166,14 @@ class CpuCompiledGraph(CompiledGraph):
     def add(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out += ins[1 - node.inplace_input]
 
-    def swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        out[...] = silu(out) * ins[1]
+    def silu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out /= 1.0 + np.exp(-out)
+
+    def mul(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out *= ins[1 - node.inplace_input]
 
     def last_row(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = ins[0][-1:]
-
-    # The fused ops: each the composition of the ops above that its Op comment names.
-    def norm_matmul(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        x, norm_weight, weight = ins
-        np.matmul(normalized(x, norm_weight, node.params["eps"]), weight.T, out=out)
-
-    def matmul_add(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        out += ins[0] @ ins[1].T  # out holds the residual (ins[2]), in place or staged
-
-    def norm_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        x, norm_weight, gate_up = ins
-        projected = normalized(x, norm_weight, node.params["eps"]) @ gate_up.T
-        d_ff = out.shape[-1]
-        out[...] = silu(projected[:, :d_ff]) * projected[:, d_ff:]
-
-    def norm_qkv_rope_store(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        x, norm_weight, qkv_weight, positions, inv_freq, *bias = ins
-        p = node.params
-        qkv = normalized(x, norm_weight, p["eps"]) @ qkv_weight.T
-        for b in bias:
-            qkv += b
-        q_dim, kv_dim = out.shape[-1], p["n_kv_heads"] * p["head_dim"]
-        q, k, v = (np.ascontiguousarray(part) for part in np.split(qkv, [q_dim, q_dim + kv_dim], axis=-1))
-        rope = (p["head_dim"], p["rope_dim"], inv_freq, p["mscale"], p["neox"])
-        rope_inplace(q, positions, p["n_heads"], *rope)
-        rope_inplace(k, positions, p["n_kv_heads"], *rope)
-        self.kv_store(node, [k, v, positions], None)
-        out[...] = q
 
 
 OPS: dict[Op, Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | None], None]] = {
@@ -226,12 +185,9 @@ OPS: dict[Op, Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | N
     Op.KV_STORE: CpuCompiledGraph.kv_store,
     Op.ATTENTION: CpuCompiledGraph.attention,
     Op.ADD: CpuCompiledGraph.add,
-    Op.SWIGLU: CpuCompiledGraph.swiglu,
+    Op.SILU: CpuCompiledGraph.silu,
+    Op.MUL: CpuCompiledGraph.mul,
     Op.LAST_ROW: CpuCompiledGraph.last_row,
-    Op.NORM_MATMUL: CpuCompiledGraph.norm_matmul,
-    Op.MATMUL_ADD: CpuCompiledGraph.matmul_add,
-    Op.NORM_SWIGLU: CpuCompiledGraph.norm_swiglu,
-    Op.NORM_QKV_ROPE_STORE: CpuCompiledGraph.norm_qkv_rope_store,
 }
 
 
@@ -243,34 +199,14 @@ class CpuBackend(Backend):
         self.weights: dict[str, np.ndarray] = {}
         self.states: dict[str, np.ndarray] = {}
 
-    def supports(self, op: Op) -> bool:
+    def supports(self, op: enum.Enum) -> bool:
         return op in OPS
 
-    def load_weights(
-        self,
-        gguf: GGUFFile,
-        names: list[str],
-        progress: ProgressCallback | None = None,
-        *,
-        stacked: dict[str, tuple[str, ...]] | None = None,
-    ) -> None:
+    def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
         report = LoadProgress(gguf, names, progress)
-        in_a_stack = set()
-        for name, parts in (stacked or {}).items():
-            # Dequantized once, stacked; the parts are views of its rows, so nothing is held twice. The parts
-            # may be of different types (Q4_K_M stores attn_v with more bits than attn_q): float32 either way.
-            values = self.weights[name] = np.concatenate([dequantize(gguf.tensor(part)) for part in parts])
-            first_row = 0
-            for part in parts:
-                rows = gguf.tensor(part).shape[-1]
-                self.weights[part] = values[first_row : first_row + rows]
-                first_row += rows
-                in_a_stack.add(part)
-                report.loaded(part)
         for name in names:
-            if name not in in_a_stack:
-                self.weights[name] = dequantize(gguf.tensor(name))
-                report.loaded(name)
+            self.weights[name] = dequantize(gguf.tensor(name))
+            report.loaded(name)
 
     def weight_nbytes(self, name: str) -> int:
         return self.weights[name].nbytes  # float32: the weights were dequantized at load

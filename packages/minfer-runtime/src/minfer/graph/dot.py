@@ -24,12 +24,12 @@ def to_dot(graph: Graph, plan: BufferPlan | None = None) -> str:
     declared: set[str] = set()
     for node in graph.nodes:
         label = f"{node.name}\\n{node.op.value}"
-        if node.output is not None:
-            label += f" {list(node.output.shape)}"
-            producer[node.output.name] = node.name
-            if plan is not None:
-                slot = plan.slot_of[node.output.name]
-                label += f"\\nslot {slot}{' *' if node.name in plan.aliased else ''}"
+        for output in node.outputs:
+            label += f" {list(output.shape)}"
+            producer[output.name] = node.name
+        if plan is not None and node.outputs:
+            slots = ",".join(str(plan.slot_of[output.name]) for output in node.outputs)
+            label += f"\\nslot {slots}{' *' if node.name in plan.aliased else ''}"
         lines.append(f"  {_quote('n:' + node.name)} [shape=box, label={_quote(label)}];")
         for tensor in [*node.inputs, *node.writes]:
             if tensor.kind is TensorKind.ACTIVATION:

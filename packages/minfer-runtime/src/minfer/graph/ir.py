@@ -43,6 +43,9 @@ class Tensor:
 
 
 class Op(enum.Enum):
+    """The primitive ops a model's graph is made of. Backends may rewrite a graph into ops of their own
+    (`Backend.lower`: the CUDA backend's fused ops, backends/cuda/fuse.py), never the model."""
+
     EMBED = "embed"  # rows of a (quantized) table picked by token id
     RMS_NORM = "rms_norm"  # x / rms(x) * weight, per row
     MATMUL = "matmul"  # y[t, o] = sum_i W[o, i] x[t, i]; W stays in its GGUF format
@@ -51,32 +54,34 @@ class Op(enum.Enum):
     KV_STORE = "kv_store"  # K and V rows written into the persistent cache at their positions
     ATTENTION = "attention"  # grouped-query attention over the cache, causal by position
     ADD = "add"  # in place into one operand: residual connections
-    SWIGLU = "swiglu"  # in place into gate: silu(gate) * up
+    SILU = "silu"  # in place: x * sigmoid(x)
+    MUL = "mul"  # in place into one operand: elementwise product (the gate of a gated FFN)
     LAST_ROW = "last_row"  # the final token's row: only its logits are needed
-    # Fused ops: one node (one kernel on the GPU) for what the ops above do in several. The llama builder
-    # emits them for one-token (decode) graphs; each is exactly the composition its comment spells out.
-    NORM_MATMUL = "norm_matmul"  # matmul(rms_norm(x, g), W): the output head
-    MATMUL_ADD = "matmul_add"  # in place into the residual r: r + matmul(x, W)
-    NORM_SWIGLU = "norm_swiglu"  # swiglu of matmul(rms_norm(x, g), W), W = gate rows then up rows
-    NORM_QKV_ROPE_STORE = "norm_qkv_rope_store"  # matmul(rms_norm(x, g), Wqkv) + b, rope on q and k, kv_store; q out
 
 
 @dataclass(eq=False)
 class Node:
     """One operation. `name` follows the GGUF tensor names (`blk.3.ffn_down`) so errors point at the model.
 
-    `inplace_input` names the input whose buffer the op may overwrite to produce
-    its output (the alias rule decides whether it really does); `writes` lists
-    state tensors the op updates as a side effect.
+    `op` is an `Op`, or after a backend's lowering one of that backend's own ops (an enum too: its value is
+    the op's one name). `inplace_input` names the input whose buffer the op may overwrite to produce its
+    output (the alias rule decides whether it really does); `writes` lists state tensors the op updates as a
+    side effect; `more_outputs` are further activations the op produces (a fused op computing several
+    products at once).
     """
 
     name: str
-    op: Op
+    op: enum.Enum
     inputs: list[Tensor]
     output: Tensor | None
     params: dict[str, Any] = field(default_factory=dict)
     inplace_input: int | None = None
     writes: list[Tensor] = field(default_factory=list)
+    more_outputs: list[Tensor] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        return [self.output, *self.more_outputs] if self.output is not None else list(self.more_outputs)
 
 
 @dataclass

@@ -8,9 +8,9 @@ from minfer.graph.ir import Graph
 from minfer.models import llama
 from minfer.models.config import ModelConfig
 
-GraphBuilder = Callable[[ModelConfig, int, int], Graph]
+ForwardPass = Callable[[ModelConfig, int, int], Graph]  # (config, n_tokens, n_ctx) -> graph
 
-BUILDERS: dict[str, GraphBuilder] = {"llama": llama.build_graph, "qwen2": llama.build_graph}
+BUILDERS: dict[str, ForwardPass] = {"llama": llama.build_graph, "qwen2": llama.build_graph}
 
 
 def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:

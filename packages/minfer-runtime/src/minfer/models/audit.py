@@ -19,14 +19,24 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from minfer.errors import ModelFileError
 from minfer.gguf_file import GGUFFile, printable
 from minfer.models.rope import FREQ_FACTORS_TENSOR
 
-if TYPE_CHECKING:
-    from minfer.models.config import ModelConfig  # ModelConfig.from_gguf runs the audit
+
+class AuditedConfig(Protocol):
+    """What the audit reads of a models.config.ModelConfig (whose from_gguf runs it: config imports this
+    module, never the other way)."""
+
+    architecture: str
+    n_layers: int
+    head_dim: int
+    vocab_size: int
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]: ...
+
 
 # Keys under "<arch>." that the config reads (models/config.py, models/rope.py).
 ARCH_KEYS_READ = frozenset(
@@ -64,14 +74,14 @@ class Neutral:
     """A math-changing key that minfer's graph runs right only at the value that leaves the math as is."""
 
     feature: str  # what any other value would turn on
-    accepts: Callable[[Any, ModelConfig], bool]
+    accepts: Callable[[Any, AuditedConfig], bool]
 
 
-def _equals(expected: object) -> Callable[[Any, ModelConfig], bool]:
+def _equals(expected: object) -> Callable[[Any, AuditedConfig], bool]:
     return lambda value, _config: value == expected
 
 
-def _default_attention_scale(value: Any, config: ModelConfig) -> bool:
+def _default_attention_scale(value: Any, config: AuditedConfig) -> bool:
     # llama.cpp: 0 means the usual 1/sqrt(head size), which is what minfer's attention computes.
     return value == 0 or math.isclose(value, 1 / math.sqrt(config.head_dim), rel_tol=1e-6)
 
@@ -151,7 +161,7 @@ class FileAudit:
     read_tensors: tuple[str, ...]
 
 
-def audit(gguf: GGUFFile, config: ModelConfig) -> FileAudit:
+def audit(gguf: GGUFFile, config: AuditedConfig) -> FileAudit:
     """Account for every key and tensor of `gguf`, or raise a ModelFileError naming the first that is not
     understood (the module docstring gives the rule)."""
     tokens = gguf.metadata.get("tokenizer.ggml.tokens")
@@ -173,7 +183,7 @@ def audit(gguf: GGUFFile, config: ModelConfig) -> FileAudit:
     return FileAudit(tuple(read_keys), ignored, _check_tensors(gguf, config))
 
 
-def _key_verdict(gguf: GGUFFile, config: ModelConfig, key: str) -> str | None:
+def _key_verdict(gguf: GGUFFile, config: AuditedConfig, key: str) -> str | None:
     """None for a key that is read, the reason for one that is safely ignored; raises for the rest."""
     arch_prefix = f"{config.architecture}."
     if key.startswith(arch_prefix):
@@ -220,7 +230,7 @@ def _key_verdict(gguf: GGUFFile, config: ModelConfig, key: str) -> str | None:
     return "not read by llama.cpp's loader for this architecture (another program's metadata)"
 
 
-def _check_neutral(gguf: GGUFFile, config: ModelConfig, key: str, neutral: Neutral) -> str:
+def _check_neutral(gguf: GGUFFile, config: AuditedConfig, key: str, neutral: Neutral) -> str:
     value = gguf.metadata[key]
     if isinstance(value, list) or not neutral.accepts(value, config):
         shown = printable(repr(value), 40)
@@ -231,7 +241,7 @@ def _check_neutral(gguf: GGUFFile, config: ModelConfig, key: str, neutral: Neutr
     return f"holds its neutral value: no {neutral.feature}"
 
 
-def _check_tensors(gguf: GGUFFile, config: ModelConfig) -> tuple[str, ...]:
+def _check_tensors(gguf: GGUFFile, config: AuditedConfig) -> tuple[str, ...]:
     """Every tensor of the file must be one the graphs read (config.expected_tensors, and the RoPE
     frequency factors, which models/rope.py reads)."""
     expected = config.expected_tensors()

@@ -9,7 +9,7 @@ key and tensor — is accounted for by `minfer.models.audit`, which `from_gguf` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from minfer.errors import ModelFileError
 from minfer.gguf_file import GGUFFile
@@ -50,10 +50,6 @@ class ModelConfig:
     rms_eps: float
     tied_output: bool
     qkv_bias: bool
-    # One-token graphs use the fused ops over stacked weights (stacked_tensors). The fused gate/up kernel
-    # reads both with one format, so gate and up must share a GGML type, which from_gguf checks; Q, K and
-    # V may differ (the Q4_K_M mix gives attn_v more bits).
-    fuse_decode: bool = True
 
     @property
     def q_dim(self) -> int:
@@ -129,11 +125,7 @@ class ModelConfig:
         )
         config.check(gguf)
         audit(gguf, config)
-        gate_up_match = all(
-            gguf.tensor(f"blk.{layer}.ffn_gate.weight").qtype == gguf.tensor(f"blk.{layer}.ffn_up.weight").qtype
-            for layer in range(config.n_layers)
-        )
-        return replace(config, fuse_decode=gate_up_match)
+        return config
 
     def check(self, gguf: GGUFFile) -> None:
         """Refuse a file whose hyperparameters or tensors do not fit together, naming the culprit."""
@@ -175,29 +167,4 @@ class ModelConfig:
             }
             if self.qkv_bias:
                 shapes |= {f"{blk}.attn_q.bias": (q,), f"{blk}.attn_k.bias": (kv,), f"{blk}.attn_v.bias": (kv,)}
-        return shapes
-
-    def stacked_tensors(self) -> dict[str, tuple[str, ...]]:
-        """The tensors the fused decode graph reads that no file holds, each the rows of its parts in order.
-
-        Backends provide them when they load the weights: the CPU backend as one float32 matrix (the
-        parts are views of its rows), the CUDA backend as the list of its parts, which one kernel reads
-        together (each in its own format).
-        """
-        stacks: dict[str, tuple[str, ...]] = {}
-        for layer in range(self.n_layers):
-            blk = f"blk.{layer}"
-            stacks[f"{blk}.attn_qkv.weight"] = (f"{blk}.attn_q.weight", f"{blk}.attn_k.weight", f"{blk}.attn_v.weight")
-            if self.qkv_bias:
-                stacks[f"{blk}.attn_qkv.bias"] = (f"{blk}.attn_q.bias", f"{blk}.attn_k.bias", f"{blk}.attn_v.bias")
-            stacks[f"{blk}.ffn_gate_up.weight"] = (f"{blk}.ffn_gate.weight", f"{blk}.ffn_up.weight")
-        return stacks
-
-    def graph_tensors(self) -> dict[str, tuple[int, ...]]:
-        """GGUF shapes of every tensor a graph may read: the file's, and the stacked ones (the parts' rows,
-        on the last GGUF axis, one after the other)."""
-        shapes = self.expected_tensors()
-        for name, parts in self.stacked_tensors().items():
-            part_shapes = [shapes[part] for part in parts]
-            shapes[name] = (*part_shapes[0][:-1], sum(shape[-1] for shape in part_shapes))
         return shapes

@@ -43,6 +43,9 @@ class WeightRegistry:
     def __contains__(self, name: str) -> bool:
         return name in self.buffers
 
+    def __getitem__(self, name: str) -> mk.DeviceBuffer:
+        return self.buffers[name]
+
     @property
     def retired_bytes(self) -> int:
         return sum(b.nbytes for b in self.retired)
@@ -58,9 +61,6 @@ class WeightRegistry:
             self.buffers[name] = buffer
         buffer.copy_from_host(data, self.stream)
         return buffer
-
-    def ptr(self, name: str) -> int:
-        return self.buffers[name].ptr
 
 
 class ScratchPool:

@@ -1,0 +1,286 @@
+"""Binding: each node of a lowered graph to its kernel launches, every argument resolved and named.
+
+One binder per launcher, named exactly like it (`rms_norm_f32` binds `kernels.rms_norm_f32`) and grouped
+like `csrc/kernels/*.cu`. A binder checks what its kernel needs of the node and raises a BackendError naming
+the node otherwise, when the graph is compiled and before anything launches. Arguments go by the launcher
+parameter's name (nanobind knows every name), so a reordered C parameter cannot go unnoticed; an absent
+pointer is None (nullptr on the C side).
+
+Every op, primitive or fused, runs in place on its output buffer where it has an in-place input: the
+compiled graph has staged that input there first when the buffer plan could not alias it
+(BufferPlan.stages).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import minfer_kernels as mk
+from minfer.backends.cuda.fuse import GEMM_GROUP_PARTS, FusedOp, matmul_kernel
+from minfer.errors import BackendError
+from minfer.graph.ir import Node, Op, Tensor
+
+# Cache splits of decode attention, fixed so a captured graph stays valid (a short cache leaves most empty:
+# a split is at least 32 rows). Each block loads its split in one round trip and the last one merges, so
+# fewer splits mean more rows per block and more splits a longer merge; at depth 2048 on the H200, 64
+# splits gave 1343 tok/s against 1191 (16), 1273 (32) and 1232 (128): docs/PERFORMANCE.md, step 19.
+DECODE_ATTENTION_SPLITS = 64
+MAX_HEAD_DIM = 256  # the attention and rope kernels' head sizes: multiples of 32 up to this
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One prepared kernel call: the launcher and its arguments by name, pointers already resolved."""
+
+    kernel: Callable[..., None]
+    args: dict[str, object]
+
+    def __call__(self) -> None:
+        self.kernel(**self.args)
+
+
+class Binding(Protocol):
+    """What a binder reads of the compiled graph: where each tensor lives, and the backend's facts."""
+
+    stream: int
+    attention_workspace: int
+
+    def ptr(self, tensor: Tensor) -> int: ...
+
+    def weight_type(self, tensor: Tensor) -> int: ...
+
+
+Binder = Callable[[Binding, Node], list[Launch]]
+
+
+def launch(b: Binding, kernel: Callable[..., None], /, **args: object) -> list[Launch]:
+    """The one launch of `kernel` with `args`, on the backend's stream."""
+    return [Launch(kernel, {**args, "stream": b.stream})]
+
+
+def refuse(node: Node, reason: str) -> BackendError:
+    return BackendError(f"cuda: {node.name}: {reason}")
+
+
+def named_inputs(b: Binding, node: Node) -> dict[str, int]:
+    """A fused node's inputs as pointers, by the launcher parameter each one is (`params["args"]`)."""
+    return {name: b.ptr(tensor) for name, tensor in zip(node.params["args"], node.inputs, strict=True)}
+
+
+def check_heads(node: Node) -> None:
+    head_dim = node.params["head_dim"]
+    if head_dim % 32 or head_dim > MAX_HEAD_DIM:
+        raise refuse(node, f"head size {head_dim} is not a multiple of 32 up to {MAX_HEAD_DIM}, as the kernels need")
+
+
+def rope_mode(node: Node) -> int:
+    return mk.kernels.ROPE_NEOX if node.params["neox"] else mk.kernels.ROPE_NORMAL
+
+
+def other_operand(node: Node) -> Tensor:
+    """The input of a two-operand in-place op that is not in its output buffer; its shape must be the output's."""
+    other = node.inputs[1 - node.inplace_input]
+    if other.shape != node.output.shape:
+        raise refuse(node, f"{node.op.value} input size mismatch ({node.inputs[0].shape} vs {node.inputs[1].shape})")
+    return other
+
+
+# -- elementwise.cu ----------------------------------------------------------------------------------
+
+
+def add_f32(b: Binding, node: Node) -> list[Launch]:
+    out = b.ptr(node.output)
+    return launch(b, mk.kernels.add_f32, a=out, b=b.ptr(other_operand(node)), out=out, n=node.output.n_elements)
+
+
+def mul_f32(b: Binding, node: Node) -> list[Launch]:
+    out = b.ptr(node.output)
+    return launch(b, mk.kernels.mul_f32, a=out, b=b.ptr(other_operand(node)), out=out, n=node.output.n_elements)
+
+
+def silu_f32(b: Binding, node: Node) -> list[Launch]:
+    return launch(b, mk.kernels.silu_f32, x=b.ptr(node.output), n=node.output.n_elements)
+
+
+def swiglu_f32(b: Binding, node: Node) -> list[Launch]:
+    rows, d = node.output.shape
+    gate = b.ptr(node.output)  # in place into the gate
+    return launch(b, mk.kernels.swiglu_f32, gate=gate, up=b.ptr(node.inputs[1]), out=gate, rows=rows, d=d, in_stride=d)
+
+
+def add_bias_f32(b: Binding, node: Node) -> list[Launch]:
+    rows, d = node.output.shape
+    return launch(b, mk.kernels.add_bias_f32, y=b.ptr(node.output), bias=b.ptr(node.inputs[1]), rows=rows, d=d)
+
+
+# -- norm.cu, rope.cu, embed.cu ----------------------------------------------------------------------
+
+
+def rms_norm_f32(b: Binding, node: Node) -> list[Launch]:
+    (rows, d), eps = node.output.shape, node.params["eps"]
+    x, weight, out = (b.ptr(t) for t in (*node.inputs, node.output))
+    return launch(b, mk.kernels.rms_norm_f32, x=x, weight=weight, out=out, rows=rows, d=d, eps=eps)
+
+
+def rope_f32(b: Binding, node: Node) -> list[Launch]:
+    check_heads(node)
+    p = node.params
+    _, positions, inv_freq = node.inputs
+    return launch(
+        b, mk.kernels.rope_f32, x=b.ptr(node.output), positions=b.ptr(positions), n_tokens=positions.shape[0],
+        n_heads=p["n_heads"], head_dim=p["head_dim"], n_rot=p["rope_dim"], inv_freq=b.ptr(inv_freq),
+        mscale=p["mscale"], mode=rope_mode(node),
+    )  # fmt: skip
+
+
+def embed_rows(b: Binding, node: Node) -> list[Launch]:
+    table, tokens = node.inputs
+    n_rows, d = table.shape
+    return launch(
+        b, mk.kernels.embed_rows, table=b.ptr(table), type=b.weight_type(table), ids=b.ptr(tokens),
+        out=b.ptr(node.output), n_tokens=tokens.shape[0], d=d, n_rows=n_rows,
+    )  # fmt: skip
+
+
+# -- matmul.cu, gemm.cu, gemv.cu ---------------------------------------------------------------------
+
+
+def matmul(b: Binding, node: Node) -> list[Launch]:
+    """A MATMUL node runs the launcher fuse.matmul_kernel picks: gemv, gemm or matmul."""
+    kernel = matmul_kernel(node)
+    if kernel == "gemv":
+        return gemv(b, node)
+    x, weight = node.inputs
+    out_features, in_features = weight.shape
+    return launch(
+        b, getattr(mk.kernels, kernel), weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x),
+        y=b.ptr(node.output), in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
+    )  # fmt: skip
+
+
+def gemm_group(b: Binding, node: Node) -> list[Launch]:
+    x, *weights = node.inputs
+    parts: dict[str, object] = {}
+    for part in range(GEMM_GROUP_PARTS):  # parts past the node's are absent
+        weight, y = (weights[part], node.outputs[part]) if part < len(weights) else (None, None)
+        parts[f"weight_{part}"], parts[f"y_{part}"] = (b.ptr(weight), b.ptr(y)) if weight is not None else (None, None)
+        parts[f"out_features_{part}"] = weight.shape[0] if weight is not None else 0
+    return launch(
+        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=b.ptr(x), in_features=x.shape[1],
+        n_tokens=x.shape[0],
+    )  # fmt: skip
+
+
+def gemv(b: Binding, node: Node) -> list[Launch]:
+    """One token: a MATMUL node, or a fused one with a norm before it and a residual add after it (in place:
+    the residual is in the output buffer)."""
+    named = named_inputs(b, node) if node.op is FusedOp.GEMV else {"x": b.ptr(node.inputs[0])}
+    weight, y = node.inputs[1], b.ptr(node.output)
+    return launch(
+        b, mk.kernels.gemv, weight=b.ptr(weight), type=b.weight_type(weight), x=named["x"],
+        norm_weight=named.get("norm_weight"), eps=node.params.get("eps", 0.0),
+        residual=y if "residual" in named else None, y=y, in_features=weight.shape[1], out_features=weight.shape[0],
+    )  # fmt: skip
+
+
+def gemv_swiglu(b: Binding, node: Node) -> list[Launch]:
+    gate = node.inputs[2]
+    return launch(
+        b, mk.kernels.gemv_swiglu, **named_inputs(b, node), type=b.weight_type(gate), eps=node.params["eps"],
+        out=b.ptr(node.output), in_features=gate.shape[1], d_ff=node.output.shape[1],
+    )  # fmt: skip
+
+
+def gemv_qkv_rope_store(b: Binding, node: Node) -> list[Launch]:
+    check_heads(node)
+    p = node.params
+    x, _, wq, wk, wv = node.inputs[:5]
+    cache_k, cache_v = node.writes
+    return launch(
+        b, mk.kernels.gemv_qkv_rope_store, **({"bq": None, "bk": None, "bv": None} | named_inputs(b, node)),
+        q_type=b.weight_type(wq), k_type=b.weight_type(wk), v_type=b.weight_type(wv), eps=p["eps"],
+        q=b.ptr(node.output), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), in_features=x.shape[1],
+        n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_rot=p["rope_dim"],
+        mscale=p["mscale"], mode=rope_mode(node), n_ctx=cache_k.shape[0],
+    )  # fmt: skip
+
+
+# -- attention.cu ------------------------------------------------------------------------------------
+
+
+def kv_store_f32(b: Binding, node: Node) -> list[Launch]:
+    k, v, positions = node.inputs
+    cache_k, cache_v = node.writes
+    n_ctx, kv_dim = cache_k.shape
+    return launch(
+        b, mk.kernels.kv_store_f32, k=b.ptr(k), v=b.ptr(v), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v),
+        positions=b.ptr(positions), n_tokens=k.shape[0], kv_dim=kv_dim, n_ctx=n_ctx,
+    )  # fmt: skip
+
+
+def attention(b: Binding, node: Node) -> list[Launch]:
+    """One query token: attention_decode_f32, which reads the KV length from device memory, so the same
+    launch serves every step; more: attention_prefill_f32, causal by position."""
+    check_heads(node)
+    p = node.params
+    if p["n_heads"] % p["n_kv_heads"]:
+        raise refuse(node, "query heads are not a multiple of the KV heads")
+    q, cache_k, cache_v, positions, kv_len = node.inputs
+    common = dict(
+        q=b.ptr(q), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), out=b.ptr(node.output), n_heads=p["n_heads"],
+        n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_ctx=cache_k.shape[0],
+    )  # fmt: skip
+    if q.shape[0] == 1:
+        return launch(
+            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.attention_workspace,
+            n_splits=DECODE_ATTENTION_SPLITS,
+        )  # fmt: skip
+    return launch(b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0])
+
+
+def attention_workspace_bytes(nodes: list[Node]) -> int:
+    """Bytes of the workspace the graph's decode attention needs (0 without one)."""
+    decode = [n for n in nodes if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1]
+    if not decode:
+        return 0
+    p = decode[0].params
+    return mk.kernels.attention_decode_workspace_bytes(p["n_heads"], p["head_dim"], DECODE_ATTENTION_SPLITS)
+
+
+# -- the runtime's copies ----------------------------------------------------------------------------
+
+
+def last_row(b: Binding, node: Node) -> list[Launch]:
+    (x,) = node.inputs
+    row_bytes = node.output.nbytes
+    source = b.ptr(x) + (x.shape[0] - 1) * row_bytes
+    return launch(b, mk.copy_d2d, dst=b.ptr(node.output), src=source, nbytes=row_bytes)
+
+
+def staging_copy(b: Binding, node: Node) -> list[Launch]:
+    """The copy of a node's in-place input into its output buffer, where the plan could not alias them."""
+    source = node.inputs[node.inplace_input]
+    return launch(b, mk.copy_d2d, dst=b.ptr(node.output), src=b.ptr(source), nbytes=source.nbytes)
+
+
+BINDERS: dict[enum.Enum, Binder] = {
+    Op.EMBED: embed_rows,
+    Op.RMS_NORM: rms_norm_f32,
+    Op.MATMUL: matmul,
+    Op.ADD_BIAS: add_bias_f32,
+    Op.ROPE: rope_f32,
+    Op.KV_STORE: kv_store_f32,
+    Op.ATTENTION: attention,
+    Op.ADD: add_f32,
+    Op.SILU: silu_f32,
+    Op.MUL: mul_f32,
+    Op.LAST_ROW: last_row,
+    FusedOp.GEMV: gemv,
+    FusedOp.GEMV_SWIGLU: gemv_swiglu,
+    FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
+    FusedOp.SWIGLU: swiglu_f32,
+    FusedOp.GEMM_GROUP: gemm_group,
+}

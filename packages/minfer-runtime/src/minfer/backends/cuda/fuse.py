@@ -1,0 +1,273 @@
+"""The CUDA backend's lowering: pattern rules that rewrite a model's primitive graph into the fused ops its
+kernels implement, and the one choice of the kernel that runs a matmul.
+
+A rule matches a group of primitive nodes and replaces them by one node of a `FusedOp`, whose name is the
+launcher's (`kernels.<value>`). Where a rule's preconditions fail (gate and up of different types, a layer
+with a per-head norm between its projections and RoPE, ...), the nodes stay as they are and run as the
+primitive kernels: a new architecture runs on the GPU at once and gets faster when a rule matches it.
+
+Pure functions of the graph and the weights' GGML types, without the kernels: the backend lowers with
+them (CudaBackend.lower), and `minfer graph --backend cuda` and the tests run them on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from minfer.graph.ir import Graph, Node, Op, Tensor
+
+WeightType = Callable[[str], int]  # a loaded weight's name -> its GGML type id
+
+
+class FusedOp(enum.Enum):
+    """One kernel each, for what several primitive ops do; each is exactly the composition its comment
+    spells out. `node.params["args"]` names each input by the launcher parameter it becomes."""
+
+    GEMV = "gemv"  # one token: matmul(rms_norm(x, g) or x, W) (+ the residual r, in place into r)
+    GEMV_SWIGLU = "gemv_swiglu"  # one token: silu(matmul(h, Wgate)) * matmul(h, Wup), h = rms_norm(x, g)
+    GEMV_QKV_ROPE_STORE = "gemv_qkv_rope_store"  # one token: h = rms_norm(x, g); q, k, v = h Wq/Wk/Wv (+ b);
+    #                                              rope on q and k; kv_store of k and v; q out
+    SWIGLU = "swiglu"  # silu(gate) * up, in place into gate
+    GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x, one launch
+
+
+# From this many tokens on, a matmul runs the tensor-core GEMM instead of the matmul kernel. Measured on
+# the H200 (Q4_0, docs/PERFORMANCE.md): at 16 tokens gemm takes 18 us for ffn_up (matmul 81) and ties on
+# ffn_down (86 vs 84); at 8 tokens matmul still wins ffn_down (45 vs 86), whose long rows suit its per-row
+# dot products better than gemm's few, mostly empty 64-token tiles.
+GEMM_MIN_TOKENS = 16
+GEMM_K_STEP = 32  # gemm's step along in_features (gemm.cu): in_features must be a multiple of it
+GEMM_GROUP_PARTS = 3  # products of one x that kernels.gemm_group computes in one launch
+GEMV_VALUES_PER_LANE = 8  # gemv.cu's VALUES_PER_LANE: the one-token kernels read rows of a multiple of it
+
+
+def matmul_kernel(node: Node) -> str:
+    """The launcher that runs a MATMUL node: `gemv` for one token, `gemm` (tensor cores) for a prompt's
+    product, `matmul` for the few tokens between, or rows gemm and gemv cannot walk."""
+    x, weight = node.inputs
+    n_tokens, in_features = x.shape[0], weight.shape[1]
+    if n_tokens == 1 and in_features % GEMV_VALUES_PER_LANE == 0:
+        return "gemv"
+    if n_tokens >= GEMM_MIN_TOKENS and in_features % GEMM_K_STEP == 0:
+        return "gemm"
+    return "matmul"
+
+
+def fuse(graph: Graph, weight_type: WeightType) -> Graph:
+    """`graph` with every group of nodes a rule matches replaced by its fused node, the rules in order."""
+    nodes = drop_single_last_row(graph)
+    for rule in (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_gemm_groups):
+        rewrite = Rewrite(nodes, {t.name for t in graph.outputs.values()})
+        rule(rewrite, weight_type)
+        nodes = rewrite.result()
+    return Graph(graph.n_tokens, nodes, graph.inputs, graph.outputs, graph.constants)
+
+
+class Rewrite:
+    """One rule's pass over a graph's nodes: the lookups a rule needs, and `replace` to apply a match."""
+
+    def __init__(self, nodes: list[Node], graph_outputs: set[str]) -> None:
+        self.nodes = nodes
+        self.graph_outputs = graph_outputs
+        self.readers: dict[str, list[Node]] = {}
+        self.producers: dict[str, Node] = {}
+        for node in nodes:
+            for tensor in node.inputs:
+                self.readers.setdefault(tensor.name, []).append(node)
+            self.producers |= {tensor.name: node for tensor in node.outputs}
+        self.index = {id(node): i for i, node in enumerate(nodes)}
+        self.replaced: dict[int, Node | None] = {}  # node index -> the fused node there (its last member) or None
+
+    def sole_reader(self, tensor: Tensor, op: enum.Enum) -> Node | None:
+        """The one node reading `tensor`, if it is of `op` and no rule took it yet."""
+        readers = self.readers.get(tensor.name, [])
+        if len(readers) == 1 and readers[0].op is op and self.index[id(readers[0])] not in self.replaced:
+            return readers[0]
+        return None
+
+    def projection_chain(self, matmul: Node) -> list[Node]:
+        """The matmul, then its add_bias and its rope in place, each where it is the sole reader of the last."""
+        chain = [matmul]
+        for op in (Op.ADD_BIAS, Op.ROPE):
+            follower = self.sole_reader(chain[-1].output, op)
+            if follower is not None and follower.inplace_input == 0:
+                chain.append(follower)
+        return chain
+
+    def norm_fanouts(self, n_matmuls: int) -> Iterator[tuple[Node, list[Node]]]:
+        """Each one-token rms_norm read by exactly `n_matmuls` matmuls that the one-token kernels can run."""
+        for norm in self.nodes:
+            if norm.op is not Op.RMS_NORM or norm.output.shape[0] != 1:
+                continue
+            matmuls = self.readers.get(norm.output.name, [])
+            if len(matmuls) == n_matmuls and all(m.op is Op.MATMUL and gemv_reads(m.inputs[1]) for m in matmuls):
+                yield norm, matmuls
+
+    def replace(self, members: list[Node], op: FusedOp, inputs: list[Tensor], output: Tensor, args: tuple[str, ...],
+                **fields: Any) -> None:  # fmt: skip
+        """Put a node of `op` (its `params`, `inplace_input`, `writes`, `more_outputs` in `fields`) where the last
+        of `members` was and drop the others, if that keeps the graph's order: no value of a member but the
+        fused node's is read elsewhere, nothing reads a value of the fused node before its place, and no node
+        in between touches a state it writes."""
+        params = {"args": args, **fields.pop("params", {})}
+        fused = Node(fused_name(members), op, inputs, output, params, **fields)
+        indices = sorted(self.index[id(node)] for node in members)
+        inside = {id(node) for node in members}
+        kept = {t.name for t in fused.outputs}
+        if any(i in self.replaced for i in indices):
+            return
+        for value in (t.name for node in members for t in node.outputs):
+            outside = [self.index[id(r)] for r in self.readers.get(value, []) if id(r) not in inside]
+            if value not in kept and (outside or value in self.graph_outputs):
+                return
+            if any(i < indices[-1] for i in outside):
+                return
+        written = {t.name for t in fused.writes}
+        for node in self.nodes[indices[0] : indices[-1]]:
+            if id(node) not in inside and written & {t.name for t in [*node.inputs, *node.writes]}:
+                return
+        self.replaced |= dict.fromkeys(indices[:-1]) | {indices[-1]: fused}
+
+    def result(self) -> list[Node]:
+        kept = (self.replaced.get(i, node) for i, node in enumerate(self.nodes))
+        return [node for node in kept if node is not None]
+
+
+def fused_name(members: list[Node]) -> str:
+    """`blk.0.attn_norm+attn_q+attn_k`: the members' names, their shared `blk.N.` said once."""
+    prefix = members[0].name.rsplit(".", 1)[0] + "." if "." in members[0].name else ""
+    if not all(node.name.startswith(prefix) for node in members):
+        prefix = ""
+    return prefix + "+".join(node.name[len(prefix) :] for node in members)
+
+
+def gemv_reads(weight: Tensor) -> bool:
+    return weight.shape[1] % GEMV_VALUES_PER_LANE == 0
+
+
+def drop_single_last_row(graph: Graph) -> list[Node]:
+    """LAST_ROW of a one-row tensor is that tensor: its readers read the input instead."""
+    renamed: dict[str, Tensor] = {}
+    nodes = []
+    for node in graph.nodes:
+        inputs = [renamed.get(t.name, t) for t in node.inputs]
+        if node.op is Op.LAST_ROW and inputs[0].shape[0] == 1 and node.output.name not in graph.outputs:
+            renamed[node.output.name] = inputs[0]
+            continue
+        nodes.append(node if inputs == node.inputs else dataclasses.replace(node, inputs=inputs))
+    return nodes
+
+
+def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
+    """rms_norm -> three matmuls (-> add_bias each) -> rope on q and k -> kv_store of k and v, one token."""
+    for norm, matmuls in g.norm_fanouts(3):
+        chains = {chain[-1].output.name: chain for chain in map(g.projection_chain, matmuls)}
+        store = next((r for chain in chains.values() for r in g.readers.get(chain[-1].output.name, [])
+                      if r.op is Op.KV_STORE), None)  # fmt: skip
+        if store is None or store.inputs[0].name not in chains or store.inputs[1].name not in chains:
+            continue
+        k_chain, v_chain = chains.pop(store.inputs[0].name), chains.pop(store.inputs[1].name)
+        (q_chain,) = chains.values()
+        q_rope, k_rope = q_chain[-1], k_chain[-1]
+        if q_rope.op is not Op.ROPE or k_rope.op is not Op.ROPE or v_chain[-1].op is Op.ROPE:
+            continue
+        rope = {key: value for key, value in q_rope.params.items() if key != "n_heads"}
+        same_rope = rope == {key: value for key, value in k_rope.params.items() if key != "n_heads"}
+        positions, inv_freq = q_rope.inputs[1:]
+        if not same_rope or [t.name for t in k_rope.inputs[1:]] != [positions.name, inv_freq.name]:
+            continue
+        if positions.name != store.inputs[2].name:
+            continue
+        parts = (q_chain, k_chain, v_chain)
+        biases = [chain[1].inputs[1] for chain in parts if len(chain) > 1 and chain[1].op is Op.ADD_BIAS]
+        weights = [chain[0].inputs[1] for chain in parts]
+        heads = (q_rope.params["n_heads"], k_rope.params["n_heads"], k_rope.params["n_heads"])
+        if len(biases) not in (0, 3) or [w.shape[0] for w in weights] != [n * rope["head_dim"] for n in heads]:
+            continue
+        g.replace(
+            [norm, *q_chain, *k_chain, *v_chain, store], FusedOp.GEMV_QKV_ROPE_STORE,
+            [*norm.inputs, *weights, positions, inv_freq, *biases], q_rope.output,
+            ("x", "norm_weight", "wq", "wk", "wv", "positions", "inv_freq", *("bq", "bk", "bv")[: len(biases)]),
+            params=dict(eps=norm.params["eps"], n_heads=heads[0], n_kv_heads=heads[1], **rope), writes=store.writes,
+        )  # fmt: skip
+
+
+def fuse_gate_up(g: Rewrite, weight_type: WeightType) -> None:
+    """rms_norm -> two matmuls of one GGML type -> silu of one, times the other; one token."""
+    for norm, matmuls in g.norm_fanouts(2):
+        for gate, up in (matmuls, matmuls[::-1]):
+            silu = g.sole_reader(gate.output, Op.SILU)
+            mul = g.sole_reader(silu.output, Op.MUL) if silu is not None else None
+            if mul is None or mul.inplace_input != 0 or mul.inputs[1].name != up.output.name:
+                continue
+            if weight_type(gate.inputs[1].name) == weight_type(up.inputs[1].name):  # the kernel reads one format
+                g.replace([norm, gate, up, silu, mul], FusedOp.GEMV_SWIGLU,
+                          [*norm.inputs, gate.inputs[1], up.inputs[1]], mul.output,
+                          ("x", "norm_weight", "gate", "up"), params={"eps": norm.params["eps"]})  # fmt: skip
+
+
+def fuse_gemv(g: Rewrite, weight_type: WeightType) -> None:
+    """A one-token matmul with the rms_norm before it and the residual add after it, where they are the
+    only reader of the value between: one gemv (a matmul with neither stays a MATMUL)."""
+    for matmul in g.nodes:
+        if matmul.op is not Op.MATMUL or matmul.output.shape[0] != 1 or not gemv_reads(matmul.inputs[1]):
+            continue
+        x, weight = matmul.inputs
+        members, inputs, args, fields = [matmul], [x, weight], ["x", "weight"], {}
+        norm = g.producers.get(x.name)
+        if norm is not None and norm.op is Op.RMS_NORM and g.sole_reader(x, Op.MATMUL) is matmul:
+            members.insert(0, norm)
+            inputs = [norm.inputs[0], weight, norm.inputs[1]]
+            args.append("norm_weight")
+            fields["params"] = {"eps": norm.params["eps"]}
+        output = matmul.output
+        add = g.sole_reader(matmul.output, Op.ADD)
+        if add is not None and add.inputs[1 - add.inplace_input].name == matmul.output.name:
+            members.append(add)
+            inputs.append(add.inputs[add.inplace_input])
+            args.append("residual")
+            output, fields["inplace_input"] = add.output, len(inputs) - 1
+        if len(members) > 1:
+            g.replace(members, FusedOp.GEMV, inputs, output, tuple(args), **fields)
+
+
+def fuse_swiglu(g: Rewrite, weight_type: WeightType) -> None:
+    """silu of the gate, times up, in place into the gate: one elementwise kernel."""
+    for silu in g.nodes:
+        mul = g.sole_reader(silu.output, Op.MUL) if silu.op is Op.SILU else None
+        if mul is not None and mul.inplace_input == 0:
+            g.replace([silu, mul], FusedOp.SWIGLU, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
+                      inplace_input=0)  # fmt: skip
+
+
+def fuse_gemm_groups(g: Rewrite, weight_type: WeightType) -> None:
+    """Runs of consecutive tensor-core matmuls that read the same x with weights of one type and row length,
+    up to GEMM_GROUP_PARTS long: one gemm_group launch computes a run, so a layer's narrow q, k and v
+    products share the GPU instead of following each other. The group node makes every product of the run
+    (its outputs, in order)."""
+
+    def on_tensor_cores(node: Node | None) -> bool:
+        return node is not None and node.op is Op.MATMUL and matmul_kernel(node) == "gemm"
+
+    def joins(run: list[Node], node: Node) -> bool:
+        x, weight = run[0].inputs
+        return (
+            len(run) < GEMM_GROUP_PARTS
+            and node.inputs[0].name == x.name
+            and node.inputs[1].shape[1] == weight.shape[1]
+            and weight_type(node.inputs[1].name) == weight_type(weight.name)
+        )
+
+    run: list[Node] = []
+    for node in [*g.nodes, None]:
+        if on_tensor_cores(node) and run and joins(run, node):
+            run.append(node)
+            continue
+        if len(run) > 1:
+            g.replace(run, FusedOp.GEMM_GROUP, [run[0].inputs[0], *(m.inputs[1] for m in run)], run[0].output,
+                      ("x", *(f"weight_{part}" for part in range(len(run)))),
+                      more_outputs=[m.output for m in run[1:]])  # fmt: skip
+        run = [node] if on_tensor_cores(node) else []

@@ -1,0 +1,55 @@
+"""The CUDA binders without a GPU: every node of every lowered graph binds, and each launch names exactly
+its launcher's parameters (the signature nanobind gives `minfer_kernels`), so a misnamed or missing
+argument fails here, not on the device. Needs the minfer-kernels package, not a GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from minfer.graph.ir import Tensor
+from minfer.models import build_graph
+from minfer.testing.synthetic import scaled
+
+mk = pytest.importorskip("minfer_kernels", reason="minfer-kernels is not installed (it needs nvcc to build)")
+from minfer.backends.cuda.binders import BINDERS  # noqa: E402 (needs minfer_kernels)
+from minfer.backends.cuda.fuse import FusedOp, fuse  # noqa: E402
+
+
+class FakeBinding:
+    """Addresses by tensor name, every weight Q8_0: what a binder reads of a compiled graph."""
+
+    stream = 7
+    attention_workspace = 1 << 20
+
+    def __init__(self) -> None:
+        self.addresses: dict[str, int] = {}
+
+    def ptr(self, tensor: Tensor) -> int:
+        return self.addresses.setdefault(tensor.name, (len(self.addresses) + 1) << 12)
+
+    def weight_type(self, tensor: Tensor) -> int:
+        return int(mk.GGMLType.Q8_0)
+
+
+def parameters(kernel) -> list[str]:
+    """The parameter names of a nanobind function, from its signature line."""
+    signature = kernel.__doc__.splitlines()[0]
+    return re.findall(r"(\w+):", signature[signature.index("(") :])
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3, 64])
+@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2.5-0.5b"])
+def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
+    config = scaled(preset, n_layers=2).config()
+    graph = fuse(build_graph(config, n_tokens, 128), lambda name: int(mk.GGMLType.Q8_0))
+    binding = FakeBinding()
+    kernels = set()
+    for node in graph.nodes:
+        for launch in BINDERS[node.op](binding, node):
+            kernels.add(launch.kernel.__name__)
+            assert sorted(launch.args) == sorted(parameters(launch.kernel)), f"{node.name}: {launch.kernel.__name__}"
+    fused = {op.value for op in FusedOp} & {node.op.value for node in graph.nodes}
+    assert fused, "the lowering fused nothing"
+    assert ("gemv_qkv_rope_store" in kernels) == (n_tokens == 1)

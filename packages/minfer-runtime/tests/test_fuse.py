@@ -1,0 +1,202 @@
+"""The CUDA backend's lowering (backends/cuda/fuse.py), on any machine: which nodes each rule fuses, which
+it leaves alone, and that the lowered graph computes what the model's graph does.
+
+The numbers are checked on the CPU: `FusedCpu` runs each fused op as the composition of the CPU
+reference's primitive ops that its FusedOp comment spells out, so a wrongly wired rewrite (an input in the
+wrong place, a lost bias, a residual added twice, a buffer shared while live) shows here without a GPU.
+The kernels themselves are checked against the CPU on the GPU (test_cuda_backend.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import minfer
+from minfer.backends.cpu import OPS, CpuBackend, CpuCompiledGraph, rms_norm, rope_inplace
+from minfer.backends.cuda.fuse import FusedOp, fuse, matmul_kernel
+from minfer.gguf_file import GGUFFile
+from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.models import build_graph
+from minfer.scheduler import schedule
+from minfer.testing.synthetic import PRESETS, scaled
+
+CTX = 128
+FUSED_LAYER = [FusedOp.GEMV_QKV_ROPE_STORE, Op.ATTENTION, FusedOp.GEMV, FusedOp.GEMV_SWIGLU, FusedOp.GEMV]
+
+
+def one_type(name: str) -> int:
+    return 8  # Q8_0 for every weight
+
+
+def lowered(preset: str, n_tokens: int, weight_type=one_type) -> Graph:
+    return fuse(build_graph(PRESETS[preset].config(), n_tokens, 64), weight_type)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
+def test_a_decode_layer_is_five_kernels(preset):
+    config = PRESETS[preset].config()
+    graph = lowered(preset, 1)
+    assert [node.op for node in graph.nodes] == [Op.EMBED, *FUSED_LAYER * config.n_layers, FusedOp.GEMV]
+    qkv = graph.nodes[1]
+    assert [t.name for t in qkv.writes] == ["cache_k.0", "cache_v.0"]
+    assert qkv.output.shape == (1, config.q_dim)
+    assert qkv.params["args"][:5] == ("x", "norm_weight", "wq", "wk", "wv")
+    assert ("bq" in qkv.params["args"]) == config.qkv_bias
+    assert qkv.name.startswith("blk.0.attn_norm+attn_q+")
+    head = graph.nodes[-1]
+    assert head.name == "output_norm+output" and head.params["args"] == ("x", "weight", "norm_weight")
+    # Every weight the lowered graph reads is a tensor of the file, by its own name.
+    assert {t.name for t in graph.weights()} == {t.name for t in build_graph(config, 1, 64).weights()}
+
+
+def test_a_prompt_runs_q_k_v_and_gate_up_as_gemm_groups_and_swiglu_as_one_kernel():
+    config = PRESETS["qwen2.5-0.5b"].config()
+    graph = fuse(build_graph(config, 64, 256), one_type)
+    groups = [node for node in graph.nodes if node.op is FusedOp.GEMM_GROUP]
+    assert [node.name for node in groups[:2]] == ["blk.0.attn_q+attn_k+attn_v", "blk.0.ffn_gate+ffn_up"]
+    assert len(groups) == 2 * config.n_layers
+    assert [t.name for t in groups[0].outputs] == ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v"]
+    ops = [node.op for node in graph.nodes]
+    assert ops.count(FusedOp.SWIGLU) == config.n_layers
+    assert not {Op.SILU, Op.MUL, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
+    # A weight of another type ends a run (the Q4_K_M mix's attn_v).
+    mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("attn_v.weight") else 8)
+    assert next(n for n in mixed.nodes if n.op is FusedOp.GEMM_GROUP).name == "blk.0.attn_q+attn_k"
+
+
+def test_few_tokens_take_the_matmul_kernel_and_no_group():
+    graph = lowered("tiny-qwen2", 8)
+    matmuls = [node for node in graph.nodes if node.op is Op.MATMUL]
+    assert matmuls and {matmul_kernel(node) for node in matmuls} == {"matmul"}
+    assert FusedOp.GEMM_GROUP not in {node.op for node in graph.nodes}
+
+
+def test_gate_and_up_of_different_types_stay_separate_matmuls():
+    graph = lowered("tiny-llama", 1, lambda name: 1 if name == "blk.1.ffn_up.weight" else 8)
+    ops = [node.op for node in graph.nodes]
+    assert ops.count(FusedOp.GEMV_SWIGLU) == 1  # layer 0 only
+    layer_1 = [node.op for node in graph.nodes if node.name.startswith("blk.1.ffn")]
+    assert layer_1 == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, FusedOp.SWIGLU, FusedOp.GEMV]
+
+
+def test_a_per_head_norm_before_rope_leaves_the_projections_unfused():
+    """A Qwen3-style layer (a norm between the q projection and its rope) matches no QKV rule: it runs
+    unfused, and the rules that do match still apply."""
+    graph = build_graph(PRESETS["tiny-llama"].config(), 1, 64)
+    nodes = []
+    for node in graph.nodes:
+        if node.op is Op.ROPE and node.name.endswith("rope_q"):
+            q = node.inputs[0]
+            normed = Tensor(f"{q.name}_norm", q.shape, "float32", TensorKind.ACTIVATION)
+            nodes.append(Node(normed.name, Op.RMS_NORM, [q, graph.weights()[0]], normed, {"eps": 1e-6}))
+            node = dataclasses.replace(node, inputs=[normed, *node.inputs[1:]])
+        nodes.append(node)
+    ops = [node.op for node in fuse(dataclasses.replace(graph, nodes=nodes), one_type).nodes]
+    assert FusedOp.GEMV_QKV_ROPE_STORE not in ops
+    assert ops.count(FusedOp.GEMV_SWIGLU) == PRESETS["tiny-llama"].config().n_layers
+
+
+class FusedCpuGraph(CpuCompiledGraph):
+    """The CPU reference, also running the CUDA backend's fused ops as the compositions they name."""
+
+    def gemv(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        x = parts["x"]
+        if "norm_weight" in parts:
+            x = np.empty_like(x)
+            rms_norm(parts["x"], parts["norm_weight"], node.params["eps"], x)
+        product = x @ parts["weight"].T
+        if "residual" in parts:
+            out += product  # out holds the residual: aliased or staged
+        else:
+            out[...] = product
+
+    def gemv_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        h = np.empty_like(parts["x"])
+        rms_norm(parts["x"], parts["norm_weight"], node.params["eps"], h)
+        gate = h @ parts["gate"].T
+        out[...] = gate / (1 + np.exp(-gate)) * (h @ parts["up"].T)
+
+    def gemv_qkv_rope_store(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        p = node.params
+        h = np.empty_like(parts["x"])
+        rms_norm(parts["x"], parts["norm_weight"], p["eps"], h)
+        q, k, v = (h @ parts[f"w{name}"].T + parts.get(f"b{name}", 0) for name in "qkv")
+        rope = (p["head_dim"], p["rope_dim"], parts["inv_freq"], p["mscale"], p["neox"])
+        rope_inplace(q, parts["positions"], p["n_heads"], *rope)
+        rope_inplace(k, parts["positions"], p["n_kv_heads"], *rope)
+        self.kv_store(node, [k, v, parts["positions"]], None)
+        out[...] = q
+
+    def swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out[...] = out / (1 + np.exp(-out)) * ins[1]  # out holds the gate
+
+    def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        x, *weights = ins
+        for weight, output in zip(weights, node.outputs, strict=True):
+            self.array(output)[...] = x @ weight.T
+
+
+FUSED_OPS = {op: getattr(FusedCpuGraph, op.value) for op in FusedOp}
+
+
+class FusedCpu(CpuBackend):
+    """The CPU backend lowering as the CUDA backend does (the file's types decide the gate/up rule)."""
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        super().__init__()
+        self.gguf = gguf
+
+    def lower(self, graph: Graph) -> Graph:
+        return fuse(graph, lambda name: int(self.gguf.tensor(name).qtype))
+
+    def compile(self, graph, plan) -> CpuCompiledGraph:
+        return FusedCpuGraph(self, graph, plan)
+
+
+@pytest.fixture
+def fused_ops(monkeypatch):
+    for op, method in FUSED_OPS.items():
+        monkeypatch.setitem(OPS, op, method)
+
+
+@pytest.mark.parametrize(
+    ("preset", "weight_type", "n_tokens"),
+    [("tiny-llama", "Q8_0", 1), ("tiny-qwen2", "Q4_0", 1), ("tiny-qwen2", "Q4_K_M", 1), ("tiny-llama", "F16", 20)],
+)
+def test_the_lowered_graph_computes_what_the_models_graph_does(synthetic_model, fused_ops, preset, weight_type,
+                                                               n_tokens):  # fmt: skip
+    spec = scaled(preset, d_model=256, d_ff=512) if weight_type == "Q4_K_M" else preset
+    path = synthetic_model(spec, weight_type)
+    reference = minfer.load(path, backend="cpu", ctx_size=CTX)
+    gguf = reference.gguf
+    fused_backend = FusedCpu(gguf)
+    fused_backend.weights = reference.backend.weights  # the same float32 weights
+    config = reference.config
+    programs = {}
+    for name, backend in (("primitive", reference.backend), ("lowered", fused_backend)):
+        programs[name] = schedule(build_graph(config, n_tokens, CTX), backend)
+    assert any(isinstance(node.op, FusedOp) for node in programs["lowered"].graph.nodes)
+    prompt = [5, 17, 300, 2, 41, 99]
+    reference.prefill(prompt)  # cache rows 0..5, shared by both (the lowered backend reads its own copy)
+    fused_backend.states = {name: cache.copy() for name, cache in reference.backend.states.items()}
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        start = len(prompt) + step * n_tokens
+        inputs = {
+            "tokens": rng.integers(0, config.vocab_size, n_tokens, dtype=np.int32),
+            "positions": np.arange(start, start + n_tokens, dtype=np.int32),
+            "kv_len": np.array([start + n_tokens], np.int32),
+        }
+        for program in programs.values():
+            program.run(inputs)
+        expected = programs["primitive"].read("logits")
+        np.testing.assert_allclose(programs["lowered"].read("logits"), expected, rtol=2e-5, atol=2e-5)
+        for name, cache in reference.backend.states.items():
+            np.testing.assert_allclose(fused_backend.states[name][: start + n_tokens], cache[: start + n_tokens],
+                                       rtol=1e-5, atol=1e-6, err_msg=name)  # fmt: skip
