@@ -9,6 +9,7 @@ A few cases that need patched module state (a missing default model) call
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -532,6 +533,15 @@ DOT_NODE = re.compile(r'^\s*"([^"]+)" \[', re.MULTILINE)
 DOT_EDGE = re.compile(r'^\s*"([^"]+)" -> "([^"]+)"', re.MULTILINE)
 
 
+def test_info_names_the_backends_that_read_each_type(synthetic_model):
+    rows = info_rows(minfer_cli("info", synthetic_model("tiny-llama", "Q5_1")).stdout)
+    readers = dict(part.split(": ") for part in rows["read by"].removesuffix(
+        " (cuda: minfer-kernels is not installed)").split("; "))  # fmt: skip
+    assert readers["Q5_1"] == "cpu"  # no CUDA kernel reads Q5_1 yet
+    expected_f32 = "cpu, cuda" if importlib.util.find_spec("minfer_kernels") else "cpu"
+    assert readers["F32"] == expected_f32
+
+
 def test_graph_writes_dot(tiny_model, tmp_path):
     target = tmp_path / "out.dot"
     result = minfer_cli("graph", tiny_model, "--tokens", "4", "--dot", target)
@@ -548,6 +558,15 @@ def test_graph_writes_dot(tiny_model, tmp_path):
     assert edges and all(a in nodes and b in nodes for a, b in edges)  # every edge joins declared nodes
     n_ops = sum(1 for name in nodes if name.startswith("n:"))
     assert f"{target}: {n_ops} nodes" in result.stdout
+
+
+def test_graph_shows_the_cuda_lowering_without_a_gpu(tiny_model):
+    decode = minfer_cli("graph", tiny_model, "--tokens", "1", "--backend", "cuda")
+    assert decode.returncode == 0, decode.stderr
+    assert decode.stderr.startswith("12 nodes")  # embed, 5 kernels in each of the 2 layers, the head
+    assert 'label="blk.0.attn_norm+attn_q+' in decode.stdout and "gemv_qkv_rope_store" in decode.stdout
+    primitive = minfer_cli("graph", tiny_model, "--tokens", "1")
+    assert "gemv" not in primitive.stdout and "\\nsilu" in primitive.stdout
 
 
 def test_graph_dot_parses_with_graphviz(tiny_model, tmp_path):

@@ -1,24 +1,34 @@
-"""The synthetic-model writer: K-quant quantizers, the Q4_K_M mix, and models that load and run."""
+"""The synthetic-model writer: its own quantizers (the types gguf.quants only decodes), the Q4_K_M mix, and
+models that load and run."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 import minfer
 from minfer.gguf_file import GGUFFile
 from minfer.testing.quantize import quantize
-from minfer.testing.synthetic import q4_k_m_type, scaled, uses_more_bits
+from minfer.testing.synthetic import WEIGHT_TYPES, q4_k_m_type, scaled, uses_more_bits
 
-# Relative error bounds of a round trip through the quantizer and gguf's dequantizer (‖Δ‖ / ‖x‖): a 4-bit code
-# with a per-32 offset lands near 1/15 of a sub-block's range, a 6-bit code near 1/63 of its absmax.
-K_QUANT_BOUNDS = {GGMLQuantizationType.Q4_K: 0.1, GGMLQuantizationType.Q6_K: 0.03}
+# Relative error bounds of a round trip through the quantizer and gguf's dequantizer (‖Δ‖ / ‖x‖), about one
+# code step over the values' spread: a 2-bit code with an offset per 16 values lands near 1/3 of a sub-block's
+# range, 3 bits near 1/7, a 4-bit code (or 16 non-linear levels) near 1/15, 5 bits 1/31, 6 bits 1/63.
+QUANTIZER_BOUNDS = {
+    GGMLQuantizationType.Q2_K: 0.4,
+    GGMLQuantizationType.Q3_K: 0.2,
+    GGMLQuantizationType.Q4_K: 0.1,
+    GGMLQuantizationType.Q5_K: 0.05,
+    GGMLQuantizationType.Q6_K: 0.03,
+    GGMLQuantizationType.IQ4_NL: 0.1,
+    GGMLQuantizationType.IQ4_XS: 0.1,
+}
 
 
-@pytest.mark.parametrize("qtype", sorted(K_QUANT_BOUNDS, key=lambda t: t.name))
-def test_k_quants_round_trip_through_ggufs_dequantizer(qtype):
+@pytest.mark.parametrize("qtype", sorted(QUANTIZER_BOUNDS, key=lambda t: t.name))
+def test_quantizers_round_trip_through_ggufs_dequantizer(qtype):
     rng = np.random.default_rng(4)
     values = np.concatenate(
         [
@@ -29,15 +39,15 @@ def test_k_quants_round_trip_through_ggufs_dequantizer(qtype):
         ]
     ).astype(np.float32)
     encoded = quantize(values, qtype)
-    per_block = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210}[qtype]
-    assert encoded.shape == (6, 3 * per_block) and encoded.dtype == np.uint8
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    assert encoded.shape == (6, 768 // block_size * type_size) and encoded.dtype == np.uint8
     decoded = gguf_quants.dequantize(encoded, qtype)
     for row, original in zip(decoded, values, strict=True):
         if not original.any():
             assert not row.any()
             continue
         error = np.linalg.norm(row - original) / np.linalg.norm(original)
-        assert error < K_QUANT_BOUNDS[qtype], f"{qtype.name}: relative error {error:.3f}"
+        assert error < QUANTIZER_BOUNDS[qtype], f"{qtype.name}: relative error {error:.3f}"
 
 
 def test_k_quants_need_whole_super_blocks():
@@ -64,3 +74,20 @@ def test_a_q4_k_m_model_loads_and_generates(synthetic_model):
     engine = minfer.load(path, backend="cpu")
     text = "".join(engine.generate("Hello", max_tokens=8, temperature=0))
     assert engine.last_stats.generated_tokens > 0 and isinstance(text, str)
+
+
+@pytest.mark.parametrize("weight_type", sorted(WEIGHT_TYPES))
+def test_a_model_of_each_type_loads_and_matches_its_float32_weights_on_cpu(synthetic_model, weight_type):
+    """Every type the writer makes, the CPU reads and runs: it holds exactly gguf.quants' dequantization of
+    each tensor (the reference), so a type's only effect on the logits is its rounding."""
+    spec = scaled("tiny-llama", d_model=256, d_ff=512, n_layers=2)
+    path = synthetic_model(spec, weight_type)
+    gguf = GGUFFile(path)
+    expected = WEIGHT_TYPES[weight_type]
+    assert expected.name in gguf.quant_mix(), f"no tensor is {expected.name}: {gguf.quant_mix()}"
+    engine = minfer.load(path, backend="cpu", ctx_size=64)
+    logits = engine.forward([1, 5, 9], 0).read("logits")
+    assert np.isfinite(logits).all()
+    for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight"):
+        tensor = gguf.tensor(name)
+        np.testing.assert_array_equal(engine.backend.weights[name], gguf_quants.dequantize(tensor.data, tensor.qtype))

@@ -54,6 +54,8 @@ SUPPORTED_TYPES = frozenset(
         GGMLQuantizationType.Q4_K,
         GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.IQ4_NL,
+        GGMLQuantizationType.IQ4_XS,
     }
 )
 

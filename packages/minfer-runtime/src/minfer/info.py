@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from minfer.backends import cuda_kernel_types
 from minfer.chat_template import ChatTemplate
 from minfer.engine import DEFAULT_CTX_SIZE
 from minfer.gguf_file import GGUFFile, printable
@@ -41,6 +42,7 @@ def describe(model: str) -> str:
         ("chat template", "ChatML fallback (none in file)" if template.is_fallback else "from file"),
         ("tensors", f"{len(gguf.tensors)}, every one read by the graph (none ignored)"),
         ("quant mix", mix),
+        readers_row(gguf),
         ("keys read", f"{len(accounted.read_keys)}: {', '.join(printable(k) for k in accounted.read_keys)}"),
         ("keys ignored", len(accounted.ignored_keys)),
         *(("", f"{', '.join(keys)}: {reason}") for reason, keys in by_reason(accounted.ignored_keys).items()),
@@ -63,6 +65,15 @@ def memory_rows(gguf: GGUFFile, config: ModelConfig) -> list[tuple[str, str]]:
         ("memory, cuda", f"{(stored + kv_cache) / mb:.0f} MB of device memory: weights as stored "
          f"({stored / mb:.0f} MB), KV cache at context {ctx} ({kv_cache / mb:.0f} MB)"),
     ]  # fmt: skip
+
+
+def readers_row(gguf: GGUFFile) -> tuple[str, str]:
+    """Which backends read each type of the file: the CPU every type a file may hold, the CUDA backend the
+    types its kernels read."""
+    cuda = cuda_kernel_types()
+    readers = [f"{name}: cpu{', cuda' if cuda is not None and name in cuda else ''}" for name in gguf.quant_mix()]
+    missing = "" if cuda is not None else " (cuda: minfer-kernels is not installed)"
+    return ("read by", "; ".join(readers) + missing)
 
 
 def by_reason(ignored: dict[str, str]) -> dict[str, list[str]]:

@@ -19,6 +19,15 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def cuda_kernel_types() -> frozenset[str] | None:
+    """The GGML type names the CUDA kernels read (the extension's one list), or None without minfer-kernels."""
+    try:
+        import minfer_kernels
+    except ImportError:
+        return None
+    return frozenset(kernel_type.name for kernel_type in minfer_kernels.GGMLType)
+
+
 def create_backend(name: str) -> Backend:
     """The backend for a `--backend` value; `auto` picks CUDA when it can run here, else the CPU.
 

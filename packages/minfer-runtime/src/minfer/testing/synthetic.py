@@ -86,15 +86,16 @@ PRESETS: dict[str, SyntheticSpec] = {
     "tiny-qwen2": SyntheticSpec("qwen2", 2, 64, 4, 2, 160, 512, 512, 1000000.0, 1e-6, True, True),
 }
 
-WEIGHT_TYPES = {t.name: t for t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
-                                    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
-                                    GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K,
-                                    GGMLQuantizationType.Q6_K)}  # fmt: skip
+T = GGMLQuantizationType
+# Every type a model's matrices can be written in (the writer's quantizers: testing/quantize.py).
+WEIGHT_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K,
+                                    T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)}  # fmt: skip
 # Mixes of types, as llama-quantize makes them (`Q4_K_M`: see `q4_k_m_type`).
 MIXES = ("Q4_K_M",)
-# A K-quant needs rows of whole 256-value super-blocks; llama-quantize falls back to these otherwise.
-K_QUANT_FALLBACK = {GGMLQuantizationType.Q4_K: GGMLQuantizationType.Q5_0,
-                    GGMLQuantizationType.Q6_K: GGMLQuantizationType.Q8_0}  # fmt: skip
+# A 256-value type needs rows of whole super-blocks; llama-quantize falls back to these otherwise (its
+# tensor_type_fallback).
+K_QUANT_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0,
+                    T.IQ4_XS: T.IQ4_NL}  # fmt: skip
 
 
 def uses_more_bits(layer: int, n_layers: int) -> bool:
@@ -117,7 +118,8 @@ def q4_k_m_type(name: str, row_length: int, n_layers: int, tied_output: bool) ->
 def matrix_type(spec: SyntheticSpec, weight_type: str, name: str, row_length: int) -> GGMLQuantizationType:
     if weight_type == "Q4_K_M":
         return q4_k_m_type(name, row_length, spec.n_layers, spec.tied_output)
-    return WEIGHT_TYPES[weight_type]
+    qtype = WEIGHT_TYPES[weight_type]
+    return K_QUANT_FALLBACK[qtype] if qtype in K_QUANT_FALLBACK and row_length % 256 else qtype
 
 
 def random_tensors(spec: SyntheticSpec, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
