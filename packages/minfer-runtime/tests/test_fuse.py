@@ -183,8 +183,9 @@ def test_the_lowered_graph_computes_what_the_models_graph_does(synthetic_model, 
         programs[name] = schedule(build_graph(config, n_tokens, CTX), backend)
     assert any(isinstance(node.op, FusedOp) for node in programs["lowered"].graph.nodes)
     prompt = [5, 17, 300, 2, 41, 99]
-    reference.prefill(prompt)  # cache rows 0..5, shared by both (the lowered backend reads its own copy)
-    fused_backend.states = {name: cache.copy() for name, cache in reference.backend.states.items()}
+    reference.prefill(prompt)  # cache rows 0..5, copied into the lowered backend's own cache
+    for name, cache in reference.backend.states.items():
+        np.copyto(fused_backend.states[name], cache)
     rng = np.random.default_rng(1)
     for step in range(3):
         start = len(prompt) + step * n_tokens

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -100,13 +101,17 @@ def attention(
 
 
 class CpuCompiledGraph(CompiledGraph):
+    """A graph bound to numpy arrays: every array a node reads and writes is resolved once, here, so running
+    is a loop over prepared calls (the per-node lookups cost as much as a small decode op's arithmetic)."""
+
     def __init__(self, backend: CpuBackend, graph: Graph, plan: BufferPlan) -> None:
         self.backend = backend
         self.graph = graph
         self.plan = plan
         backend.weights.update(graph.constants)  # the weight store holds them, as the file's tensors
         self.slots = [np.empty(nbytes, dtype=np.uint8) for nbytes in plan.slot_nbytes]
-        self.inputs: dict[str, np.ndarray] = {}
+        self.inputs = {name: np.zeros(t.shape, dtype=np.int32) for name, t in graph.inputs.items()}
+        self.steps = [self.prepare(node) for node in graph.nodes]
 
     def array(self, tensor: Tensor) -> np.ndarray:
         stored = self.storage(tensor)
@@ -114,21 +119,23 @@ class CpuCompiledGraph(CompiledGraph):
             return stored[: tensor.nbytes].view(tensor.dtype).reshape(tensor.shape)
         return stored
 
+    def prepare(self, node: Node) -> CpuStep:
+        ins = [self.array(t) for t in node.inputs]
+        out = self.array(node.output) if node.output is not None else None
+        staged = ins[node.inplace_input] if self.plan.stages(node) else None  # the alias rule's copy
+        return CpuStep(OPS[node.op], node, ins, out, staged)
+
     def run(self, inputs: dict[str, np.ndarray]) -> None:
-        self.inputs = checked_inputs("cpu", self.graph, inputs)
+        for name, value in checked_inputs("cpu", self.graph, inputs).items():
+            self.inputs[name][...] = value
         # No floating-point warnings: an overflow can be harmless (silu's exp(-x) of a very negative x gives
         # x / inf = -0, its right value), and NaN or Inf that reach the logits are a NumericalError where the
         # next token is picked, which warnings on stderr would only repeat.
         with np.errstate(all="ignore"):
-            for node in self.graph.nodes:
-                self.execute(node)
-
-    def execute(self, node: Node) -> None:
-        ins = [self.array(t) for t in node.inputs]
-        out = self.array(node.output) if node.output is not None else None
-        if self.plan.stages(node):
-            np.copyto(out, ins[node.inplace_input])
-        OPS[node.op](self, node, ins, out)
+            for step in self.steps:
+                if step.staged is not None:
+                    np.copyto(step.out, step.staged)
+                step.op(self, step.node, step.ins, step.out)
 
     def read(self, tensor: Tensor) -> np.ndarray:
         return np.array(self.array(tensor), dtype=np.float32)
@@ -176,7 +183,21 @@ class CpuCompiledGraph(CompiledGraph):
         out[...] = ins[0][-1:]
 
 
-OPS: dict[Op, Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | None], None]] = {
+CpuOp = Callable[[CpuCompiledGraph, Node, list[np.ndarray], np.ndarray | None], None]
+
+
+@dataclass(frozen=True)
+class CpuStep:
+    """One node's prepared call: its op's method, and the arrays it reads, writes and stages."""
+
+    op: CpuOp
+    node: Node
+    ins: list[np.ndarray]
+    out: np.ndarray | None
+    staged: np.ndarray | None
+
+
+OPS: dict[Op, CpuOp] = {
     Op.EMBED: CpuCompiledGraph.embed,
     Op.RMS_NORM: CpuCompiledGraph.rms_norm,
     Op.MATMUL: CpuCompiledGraph.matmul,
