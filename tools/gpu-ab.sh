@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# A same-call before/after benchmark on a GPU machine: docs/PERFORMANCE.md's rule for every optimisation.
+#
+#   tools/gpu-ab.sh prepare REV   here: the packages of git revision REV into .device/base (ignored), to be
+#                                 carried to the GPU machine beside the working tree (the device tool's carry)
+#   tools/gpu-ab.sh run           there: build REV's packages into /tmp/base-site and this tree's into the
+#                                 environment, then alternate `minfer bench` between the two, round by round
+#
+# Knobs of `run`: MINFER_AB_TYPES (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M),
+# MINFER_AB_PRESET (their shapes, default qwen2.5-0.5b), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
+# default 10), MINFER_AB_ARGS (more bench flags, default -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu
+# builds no kernels), MINFER_CUDA_ARCHS (default native), PYTHON (default python3). Wheels in ./.whl/ are installed
+# first, as tools/gpu-check.sh does. Logs and the table: $OUT when the device tool runs this, else build/gpu-ab.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+BASE=.device/base
+
+if [ "${1:-}" = prepare ]; then
+    rev=${2:?usage: tools/gpu-ab.sh prepare REV}
+    rm -rf "$BASE" && mkdir -p "$BASE" && git archive "$rev" packages | tar -x -C "$BASE" || exit 1
+    git rev-parse "$rev" > "$BASE/REVISION"
+    echo "gpu-ab: $(cat "$BASE/REVISION") in $BASE; carry .device to the GPU machine and run: tools/gpu-ab.sh run"
+    exit 0
+fi
+if [ "${1:-}" != run ]; then
+    echo "usage: tools/gpu-ab.sh prepare REV | run" >&2
+    exit 2
+fi
+if [ ! -f "$BASE/REVISION" ]; then
+    echo "gpu-ab: no $BASE/REVISION: run 'tools/gpu-ab.sh prepare REV' on the checkout first" >&2
+    exit 1
+fi
+
+LOGS=${OUT:-build/gpu-ab}
+mkdir -p "$LOGS"
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 MINFER_CUDA_ARCHS=${MINFER_CUDA_ARCHS:-native}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+BACKEND=${MINFER_AB_BACKEND:-cuda}
+PACKAGES="./packages/minfer-runtime"
+[ "$BACKEND" = cuda ] && PACKAGES="./packages/minfer-kernels $PACKAGES"
+# shellcheck disable=SC2086 # PACKAGES is a list of paths
+"$PYTHON" -m pip install -q --no-build-isolation --no-deps $PACKAGES > "$LOGS/build-after.log" 2>&1 \
+    || { tail -30 "$LOGS/build-after.log"; exit 1; }
+# shellcheck disable=SC2086
+(cd "$BASE" && "$PYTHON" -m pip install -q --no-build-isolation --no-deps --upgrade --target /tmp/base-site \
+    $PACKAGES) > "$LOGS/build-before.log" 2>&1 || { tail -30 "$LOGS/build-before.log"; exit 1; }
+BEFORE_PATH=/tmp/base-site${PYTHONPATH:+:$PYTHONPATH}
+
+MODELS=/tmp/minfer-bench
+mkdir -p "$MODELS"
+for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
+    model="$MODELS/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
+    [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
+        --weight-type "$weight_type" > /dev/null || exit 1
+done
+
+# bench TREE TYPE ROUND: one `minfer bench` of one tree, its result rows tagged with the tree and the round.
+bench() {
+    local tree=$1 weight_type=$2 round=$3 path=${PYTHONPATH:-}
+    [ "$tree" = before ] && path=$BEFORE_PATH
+    # shellcheck disable=SC2086 # MINFER_AB_ARGS is a list of flags
+    PYTHONPATH=$path "$PYTHON" -m minfer.cli bench -m "$MODELS/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf" \
+        --backend "$BACKEND" \
+        ${MINFER_AB_ARGS:--p 512 -n 128} -r "${MINFER_AB_REPS:-10}" -o csv 2>> "$LOGS/bench-errors.log" \
+        | tail -n +2 | sed "s/^/$tree,$round,/"
+}
+
+for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
+    for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
+        if [ $((round % 2)) = 1 ]; then order="after before"; else order="before after"; fi  # alternate who goes first
+        for tree in $order; do bench "$tree" "$weight_type" "$round"; done
+    done
+done > "$LOGS/ab.csv"
+
+"$PYTHON" - "$LOGS/ab.csv" "$(cat "$BASE/REVISION")" <<'EOF' | tee "$LOGS/ab.md"
+"""The A/B table: per model and test, each tree's t/s per round, their means and the change."""
+import csv
+import statistics
+import sys
+
+rows = list(csv.reader(open(sys.argv[1])))
+# bench -o csv's columns after the two tags: model_type is column 4, avg_ts 14, test 16 (llama-bench's order)
+runs: dict[tuple[str, str], dict[str, list[float]]] = {}
+for tree, _round, *record in rows:
+    runs.setdefault((record[4], record[16]), {"before": [], "after": []})[tree].append(float(record[14]))
+print(f"before = {sys.argv[2][:12]}, after = this tree; t/s per round, rounds alternating which tree goes first")
+print("| model | test | before | after | change |")
+print("| --- | ---: | --- | --- | ---: |")
+for (model, test), trees in runs.items():
+    before, after = (statistics.mean(trees[t]) for t in ("before", "after"))
+    cells = [" / ".join(f"{v:.0f}" for v in trees[t]) for t in ("before", "after")]
+    print(f"| {model} | {test} | {cells[0]} | {cells[1]} | {100 * (after / before - 1):+.1f}% |")
+EOF
