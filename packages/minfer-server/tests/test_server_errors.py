@@ -41,13 +41,13 @@ def assert_still_serving(running) -> None:
         ({"messages": []}, "messages", "at least 1 item"),
         ({"messages": HELLO, "max_tokens": 0}, "max_tokens", "greater than 0"),
         ({"messages": HELLO, "max_completion_tokens": -3}, "max_completion_tokens", "greater than 0"),
-        ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format", "not supported yet"),
+        ({"messages": HELLO, "response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
+        ({"messages": HELLO, "response_format": {"type": "xml"}}, "response_format.type", "'json_schema'"),
         ({}, "messages", "Field required"),
     ],
 )
 def test_bad_chat_requests_are_400_naming_the_field(running, body, param, words):
-    message = assert_openai_error(post(running, "/v1/chat/completions", body), 400, param,
-                                  "unsupported" if param == "response_format" else None)  # fmt: skip
+    message = assert_openai_error(post(running, "/v1/chat/completions", body), 400, param)
     assert words in message
     assert_still_serving(running)
 
@@ -116,7 +116,7 @@ def test_the_api_key_is_checked_on_every_route_but_health(running, headers):
         ("/api/chat", b"{not json", "not valid JSON"),
         ("/api/chat", {"messages": [{"role": "robot", "content": "Hi"}]}, "messages[0].role"),
         ("/api/chat", {"messages": HELLO, "options": {"temperature": "hot"}}, "options.temperature"),
-        ("/api/chat", {"messages": HELLO, "format": "json"}, "format is not supported yet"),
+        ("/api/chat", {"messages": HELLO, "format": "xml"}, 'format: must be "json" or a JSON schema'),
         ("/api/generate", {"prompt": "Hi", "options": {"num_predict": 0}}, "num_predict"),
         ("/api/generate", {"prompt": "   "}, "empty prompt"),
         ("/api/generate", {"prompt": "word " * 9000}, "context size"),
@@ -131,5 +131,5 @@ def test_bad_ollama_requests_are_400_with_a_message(running, path, body, words):
 def test_the_ollama_client_sees_the_error(running):
     client = ollama.Client(host=running.url, headers=AUTH)
     with pytest.raises(ollama.ResponseError) as raised:
-        client.chat(model="tiny", messages=HELLO, format="json")
+        client.chat(model="tiny", messages=HELLO, format={"type": "string", "minLength": -1})
     assert raised.value.status_code == 400 and "format" in raised.value.error

@@ -8,6 +8,9 @@ for piece in model.generate("Why is the sky blue?", max_tokens=64):
 chat = model.chat(system="You are terse.")
 print("".join(chat.send("Hi!")))           # later turns prefill only their own tokens
 
+schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+reply = model.complete("Where is the Louvre?", grammar=minfer.Grammar.json_schema(schema))  # JSON, always
+
 `minfer.options` holds what minfer's commands share on the command line (the parser, the model and sampling
 options, their value types, the exit statuses), for a command built on minfer such as `minfer-chat`.
 """
@@ -24,6 +27,7 @@ from minfer.errors import (
     BackendError,
     ContextOverflowError,
     EngineBusyError,
+    GrammarError,
     MinferError,
     ModelFileError,
     ModelNotFoundError,
@@ -32,6 +36,7 @@ from minfer.errors import (
     TokenizerError,
 )
 from minfer.generation import Generation, GenerationStats
+from minfer.grammar import Grammar
 from minfer.model_store import resolve_model
 from minfer.sampler import SamplingParams
 
@@ -44,6 +49,8 @@ __all__ = [
     "EngineBusyError",
     "Generation",
     "GenerationStats",
+    "Grammar",
+    "GrammarError",
     "Message",
     "MinferError",
     "ModelFileError",

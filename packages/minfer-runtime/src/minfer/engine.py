@@ -9,6 +9,7 @@ one decode graph serves every step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 
+import llguidance
 import numpy as np
 
 from minfer.backends import create_backend
@@ -27,6 +29,7 @@ from minfer.chat_template import ChatTemplate
 from minfer.errors import ContextOverflowError, EngineBusyError, MinferError, NumericalError
 from minfer.generation import Generation, GenerationStats, StopMatcher
 from minfer.gguf_file import GGUFFile
+from minfer.grammar import Grammar, GrammarMatcher, grammar_tokenizer
 from minfer.model_store import resolve_model
 from minfer.models import build_graph
 from minfer.models.config import ModelConfig
@@ -278,17 +281,19 @@ class Engine:
         stop: Sequence[str] = (),
         system: str | None = None,
         template: bool = True,
+        grammar: Grammar | None = None,
         **sampling_overrides: float | int | None,
     ) -> Iterator[str]:
         """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends.
 
         Sampling comes from `sampling`, with any SamplingParams field given by name on top of it:
-        `generate("Hi", temperature=0)` is greedy. The arguments are checked and the prompt encoded when this
-        is called (a mistyped keyword fails here, not at the first piece); the model runs as the pieces are
-        asked for.
+        `generate("Hi", temperature=0)` is greedy. `grammar`, when given, constrains every token so that the
+        reply matches it (`Grammar.json_schema(...)`); the reply ends when the grammar is complete. The arguments
+        are checked and the prompt encoded when this is called (a mistyped keyword fails here, not at the first
+        piece); the model runs as the pieces are asked for.
         """
         tokens, sampling = self._request(prompt, sampling, sampling_overrides, system=system, template=template)
-        return self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop)
+        return self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, grammar=grammar)
 
     def complete(
         self,
@@ -299,13 +304,16 @@ class Engine:
         stop: Sequence[str] = (),
         system: str | None = None,
         template: bool = True,
+        grammar: Grammar | None = None,
         **sampling_overrides: float | int | None,
     ) -> Generation:
         """The whole reply at once (`generate`'s arguments): its text, tokens and stats — tokens prefilled and
         taken from the cache, tokens generated, timings, the stop reason."""
         tokens, sampling = self._request(prompt, sampling, sampling_overrides, system=system, template=template)
         result = Generation()
-        for _ in self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result):
+        for _ in self.stream(
+            tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result, grammar=grammar
+        ):
             pass
         return result
 
@@ -334,15 +342,30 @@ class Engine:
         stop: Sequence[str] = (),
         result: Generation | None = None,
         on_start: Callable[[], None] | None = None,
+        grammar: Grammar | None = None,
     ) -> Iterator[str]:
         """Generate after `prompt_tokens`, yielding text; `result` (if given) collects tokens, text and stats.
 
-        The arguments are checked when this is called. The generation holds the engine from its first step to its
-        end: a second one meanwhile is refused (EngineBusyError). `on_start`, if given, is called once it holds
-        the engine, before anything runs, so never for a refused one (ChatSession adds its turn there).
+        The arguments are checked when this is called, `grammar`'s matcher built too (GrammarError if it cannot
+        be). The generation holds the engine from its first step to its end: a second one meanwhile is refused
+        (EngineBusyError). `on_start`, if given, is called once it holds the engine, before anything runs, so
+        never for a refused one (ChatSession adds its turn there).
         """
         self.check_request(prompt_tokens, max_tokens, stop)
-        return self._held_stream(prompt_tokens, max_tokens, sampling, stop, result, on_start)
+        matcher = self.grammar_matcher(grammar) if grammar is not None else None
+        return self._held_stream(prompt_tokens, max_tokens, sampling, stop, result, on_start, matcher)
+
+    def grammar_matcher(self, grammar: Grammar) -> GrammarMatcher:
+        """A fresh matcher of `grammar` over this model's vocabulary, for one generation."""
+        self._check_open()
+        if not isinstance(grammar, Grammar):
+            raise MinferError(f"grammar must be a Grammar (Grammar.json_schema, ...), got {type(grammar).__name__}")
+        return GrammarMatcher(grammar, self._grammar_tokenizer, self.config.vocab_size)
+
+    @functools.cached_property
+    def _grammar_tokenizer(self) -> llguidance.LLTokenizer:
+        """The grammar engine's view of the vocabulary, built on the first grammar (it reads every token)."""
+        return grammar_tokenizer(self.tokenizer, self.config.vocab_size)
 
     def check_request(self, prompt_tokens: Sequence[int], max_tokens: int, stop: Sequence[str]) -> None:
         """Refuse, before anything runs, a reply budget below 1, a request that overflows the context, or stop
@@ -361,11 +384,14 @@ class Engine:
         stop: Sequence[str],
         result: Generation | None,
         on_start: Callable[[], None] | None,
+        matcher: GrammarMatcher | None,
     ) -> Iterator[str]:
         with self._hold():
             if on_start is not None:
                 on_start()
-            yield from self._stream(prompt_tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result)
+            yield from self._stream(
+                prompt_tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result, matcher=matcher
+            )
 
     def _stream(
         self,
@@ -375,8 +401,13 @@ class Engine:
         sampling: SamplingParams | None,
         stop: Sequence[str],
         result: Generation | None,
+        matcher: GrammarMatcher | None,
     ) -> Iterator[str]:
-        """The generation itself, for `_held_stream`: it holds the engine, and `stream` has checked the request."""
+        """The generation itself, for `_held_stream`: it holds the engine, and `stream` has checked the request.
+
+        With a grammar's `matcher`, each token is picked from those it allows and advances it; a complete grammar
+        ends the reply as its end-of-generation token would ("eos"), without running the model for that token.
+        """
         result = result if result is not None else Generation()
         stats = result.stats
         stats.threads = self.threads
@@ -389,7 +420,7 @@ class Engine:
             started = time.perf_counter()
             program, stats.prompt_tokens = self._prefill(prompt_tokens)
             stats.cached_tokens = len(prompt_tokens) - stats.prompt_tokens
-            token = self.pick(program, sampler, [*prompt_tokens], step=1)
+            token = self.pick(program, sampler, [*prompt_tokens], step=1, matcher=matcher)
             stats.prompt_seconds = time.perf_counter() - started
             started = time.perf_counter()
             history = [*prompt_tokens]
@@ -400,6 +431,8 @@ class Engine:
                 result.tokens.append(token)
                 history.append(token)
                 stats.generated_tokens += 1
+                if matcher is not None:
+                    matcher.accept(token)
                 text, stopped = stops.feed(decoder.feed(token))
                 if text:
                     result.text += text
@@ -407,11 +440,14 @@ class Engine:
                 if stopped:
                     stats.stop_reason = "stop"
                     break
+                if matcher is not None and matcher.complete:
+                    stats.stop_reason = "eos"
+                    break
                 if stats.generated_tokens >= max_tokens:
                     stats.stop_reason = "length"
                     break
                 program = self._forward([token], len(history) - 1)
-                token = self.pick(program, sampler, history, step=stats.generated_tokens + 1)
+                token = self.pick(program, sampler, history, step=stats.generated_tokens + 1, matcher=matcher)
             if stats.stop_reason != "stop":
                 tail, _ = stops.feed(decoder.flush(), final=True)
                 if tail:
@@ -420,16 +456,27 @@ class Engine:
         finally:
             stats.generation_seconds = time.perf_counter() - started
 
-    def pick(self, program: Program, sampler: Sampler, history: list[int], *, step: int) -> int:
-        """The next token: argmax on the backend when sampling is greedy, else the sampler over the logits.
+    def pick(
+        self,
+        program: Program,
+        sampler: Sampler,
+        history: list[int],
+        *,
+        step: int,
+        matcher: GrammarMatcher | None = None,
+    ) -> int:
+        """The next token: argmax on the backend when sampling is greedy and no grammar constrains it, else the
+        sampler over the logits read back, with the grammar's mask when there is one (greedy too: the device
+        argmax cannot see the mask).
 
         `step` counts the generated tokens from 1 (this one included); the token goes to position len(history).
         Logits holding NaN or Inf are a NumericalError naming both: whatever token they gave would be noise.
         """
         try:
-            if not sampler.needs_logits:
+            if matcher is None and not sampler.needs_logits:
                 return program.argmax("logits")
-            return sampler.sample(program.read("logits")[0], history)
+            allowed = matcher.allowed() if matcher is not None else None
+            return sampler.sample(program.read("logits")[0], history, allowed)
         except NumericalError:
             raise NumericalError(
                 f"non-finite logits (NaN or Inf) at generation step {step} (position {len(history)}): "

@@ -40,3 +40,7 @@ class NumericalError(MinferError):
 
 class EngineBusyError(MinferError):
     """An Engine was asked for a second generation (or forward pass) while one is running: it runs one at a time."""
+
+
+class GrammarError(MinferError):
+    """A constraint on the output cannot be used: a JSON schema the grammar engine rejects (the message says why)."""

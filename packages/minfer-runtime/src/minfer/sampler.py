@@ -2,7 +2,9 @@
 
 The chain runs in llama.cpp's order: repetition penalty, top-k, top-p, min-p,
 temperature, then a draw from the remaining distribution. With a seed the draws
-are reproducible.
+are reproducible. A grammar's mask (the tokens allowed next) takes every other
+token out before the filters, greedy included: the penalty before it only
+rescales logits, so it changes no masked token's fate.
 """
 
 from __future__ import annotations
@@ -74,8 +76,11 @@ class Sampler:
         """False when the next token is the plain argmax, so a backend can pick it on the device."""
         return not (self.params.greedy and self.params.repeat_penalty == 1.0)
 
-    def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """The next token after `history` from one row of logits; NumericalError if they hold NaN or Inf."""
+    def sample(self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None) -> int:
+        """The next token after `history` from one row of logits; NumericalError if they hold NaN or Inf.
+
+        `allowed`, when given, is a boolean per logit: only those tokens can be picked (a grammar's mask).
+        """
         p = self.params
         logits = np.array(logits, dtype=np.float64).reshape(-1)
         if not np.isfinite(logits).all():
@@ -88,6 +93,10 @@ class Sampler:
                 logits[recent] = np.where(values > 0, values / p.repeat_penalty, values * p.repeat_penalty)
             if not np.isfinite(logits[recent]).all():
                 raise MinferError(f"repeat_penalty={p.repeat_penalty!r} takes the penalized logits beyond float64")
+        if allowed is not None:
+            if not allowed.any():
+                raise MinferError("the grammar allows no next token")
+            logits[~allowed] = -np.inf  # probability 0 in every step below; the argmax is an allowed token
         if p.greedy:
             return int(np.argmax(logits))
         candidates = np.argsort(-logits, kind="stable")

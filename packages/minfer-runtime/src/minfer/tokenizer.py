@@ -205,6 +205,12 @@ class Tokenizer:
         return self._stop_ids
 
     @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Control, user-defined and unknown tokens: those matched whole in text (`<|im_start|>`), never spelled
+        out of smaller pieces."""
+        return frozenset(token_id for _, token_id in self._specials_when_parsing)
+
+    @functools.cached_property
     def max_token_bytes(self) -> int:
         """The most bytes of text one token can stand for (worked out on first use: it reads the whole vocabulary).
 

@@ -26,15 +26,24 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from minfer import BackendError, ContextOverflowError, Engine, MinferError, NumericalError, SamplingParams
+from minfer import (
+    BackendError,
+    ContextOverflowError,
+    Engine,
+    Grammar,
+    GrammarError,
+    MinferError,
+    NumericalError,
+    SamplingParams,
+)
 from minfer_server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     OllamaChatRequest,
     OllamaGenerateRequest,
-    OllamaOptions,
     OpenAISampling,
+    ResponseFormat,
 )
 from minfer_server.worker import Event, GenerationRequest, Job, QueueFullError, Worker
 
@@ -133,9 +142,36 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(400, f"{param or 'the request body'}: {first['msg']}", param=param)
 
 
-def refuse_unsupported(value: object, name: str) -> None:
-    if value not in (None, ""):
-        raise ApiError(400, f"{name} is not supported yet (structured output)", param=name, code="unsupported")
+def checked_grammar(schema: dict[str, Any] | None, param: str) -> Grammar:
+    """The grammar of a JSON schema (None: any JSON object); 400 naming `param` when the grammar engine rejects it."""
+    try:
+        return Grammar.json_object() if schema is None else Grammar.json_schema(schema)
+    except GrammarError as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param) from None
+
+
+def openai_grammar(response_format: ResponseFormat | None) -> Grammar | None:
+    """What OpenAI's `response_format` asks the reply to be: nothing (text), any JSON object, or a schema's JSON."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return checked_grammar(None, "response_format")
+    if response_format.json_schema is None:
+        raise ApiError(400, "response_format.json_schema: required when the type is json_schema",
+                       param="response_format.json_schema")  # fmt: skip
+    return checked_grammar(response_format.json_schema.json_schema, "response_format.json_schema.schema")
+
+
+def ollama_grammar(format: object) -> Grammar | None:
+    """What Ollama's `format` asks the reply to be: nothing (absent or ""), any JSON object ("json"), or JSON that
+    follows a schema (an object)."""
+    if format in (None, ""):
+        return None
+    if format == "json":
+        return checked_grammar(None, "format")
+    if isinstance(format, dict):
+        return checked_grammar(format, "format")
+    raise ApiError(400, f'format: must be "json" or a JSON schema object, got {json.dumps(format)}', param="format")
 
 
 def sampling_params(**given: float | int | None) -> SamplingParams:
@@ -144,7 +180,8 @@ def sampling_params(**given: float | int | None) -> SamplingParams:
 
 
 def finish_reason(end: Event) -> str:
-    """OpenAI's and Ollama's name for how a reply ended: "stop" (end of text or a stop string) or "length"."""
+    """OpenAI's and Ollama's name for how a reply ended: "stop" (end of text, a stop string, a complete grammar)
+    or "length"."""
     assert end.generation is not None
     return "length" if end.generation.stats.stop_reason == "length" else "stop"
 
@@ -174,14 +211,17 @@ def messages_of(messages: list[ChatMessage]) -> list[dict[str, str]]:
 def openai_request(
     body: OpenAISampling, prompt: str | list[dict[str, str]], max_tokens: int | None
 ) -> GenerationRequest:
-    refuse_unsupported(body.response_format, "response_format")
     sampling = sampling_params(
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed
     )
-    return GenerationRequest(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=body.stops())
+    return GenerationRequest(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop=body.stops(),
+                             grammar=openai_grammar(body.response_format))  # fmt: skip
 
 
-def ollama_request(options: OllamaOptions, prompt: str | list[dict[str, str]], *, template: bool) -> GenerationRequest:
+def ollama_request(
+    body: OllamaChatRequest | OllamaGenerateRequest, prompt: str | list[dict[str, str]], *, template: bool
+) -> GenerationRequest:
+    options = body.options
     num_predict = options.num_predict
     sampling = sampling_params(
         temperature=options.temperature,
@@ -196,7 +236,7 @@ def ollama_request(options: OllamaOptions, prompt: str | list[dict[str, str]], *
         raise ApiError(400, f"options.num_predict must be positive, -1 or -2, got {num_predict}")
     max_tokens = num_predict if num_predict is not None and num_predict > 0 else None
     return GenerationRequest(prompt=prompt, template=template, max_tokens=max_tokens, sampling=sampling,
-                             stop=options.stop or [])  # fmt: skip
+                             stop=options.stop or [], grammar=ollama_grammar(body.format))  # fmt: skip
 
 
 async def start_job(worker: Worker, request: GenerationRequest) -> Job:
@@ -405,8 +445,7 @@ def create_app(
 
     @routes.post("/api/chat", response_model=None)
     async def ollama_chat(body: OllamaChatRequest, request: Request) -> dict[str, Any] | StreamingResponse:
-        refuse_unsupported(body.format, "format")
-        job = await start_job(worker(request), ollama_request(body.options, messages_of(body.messages), template=True))
+        job = await start_job(worker(request), ollama_request(body, messages_of(body.messages), template=True))
 
         def message(text: str) -> dict[str, Any]:
             return {"message": {"role": "assistant", "content": text}}
@@ -419,7 +458,6 @@ def create_app(
 
     @routes.post("/api/generate", response_model=None)
     async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> dict[str, Any] | StreamingResponse:
-        refuse_unsupported(body.format, "format")
         if not body.prompt.strip():
             raise ApiError(400, "prompt: empty prompt, nothing to generate from", param="prompt")
         if body.raw:
@@ -427,7 +465,7 @@ def create_app(
         else:
             system = [{"role": "system", "content": body.system}] if body.system is not None else []
             prompt = [*system, {"role": "user", "content": body.prompt}]
-        job = await start_job(worker(request), ollama_request(body.options, prompt, template=not body.raw))
+        job = await start_job(worker(request), ollama_request(body, prompt, template=not body.raw))
 
         def response(text: str) -> dict[str, Any]:
             return {"response": text}

@@ -1,8 +1,7 @@
 """The wire formats: the requests of the OpenAI and Ollama APIs as pydantic models.
 
 Requests are validated strictly (a string where a number belongs is refused, not converted) and fields minfer
-does not know are ignored, as both APIs' servers do, except those it cannot honour yet (`response_format`,
-Ollama's `format`), which are refused by the routes. Responses are built as plain dicts in `app.py`.
+does not know are ignored, as both APIs' servers do. Responses are built as plain dicts in `app.py`.
 """
 
 from __future__ import annotations
@@ -38,6 +37,23 @@ class StreamOptions(WireModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(WireModel):
+    """OpenAI's `response_format.json_schema`: the reply is JSON that validates against `schema`."""
+
+    name: str
+    # `schema` would shadow a BaseModel attribute: the wire name is an alias.
+    json_schema: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None  # the reply always follows the schema, strict or not
+
+
+class ResponseFormat(WireModel):
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON that follows `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class OpenAISampling(WireModel):
     """What /v1/chat/completions and /v1/completions share: the reply budget, sampling, stop strings, streaming."""
 
@@ -52,7 +68,7 @@ class OpenAISampling(WireModel):
     n: Literal[1] = 1  # one choice per request
     stream: bool = False
     stream_options: StreamOptions | None = None
-    response_format: dict[str, Any] | None = None  # refused: structured output is not supported yet
+    response_format: ResponseFormat | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -87,7 +103,7 @@ class OllamaRequest(WireModel):
     model: str | None = None
     stream: bool = True  # Ollama streams NDJSON unless told not to
     options: OllamaOptions = Field(default_factory=OllamaOptions)
-    format: Any = None  # refused: structured output is not supported yet
+    format: Any = None  # "json" (any JSON object) or a JSON schema; checked by the routes (app.ollama_grammar)
 
 
 class OllamaChatRequest(OllamaRequest):

@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from minfer import ContextOverflowError, Engine, Generation, Message, SamplingParams
+from minfer import ContextOverflowError, Engine, Generation, Grammar, Message, SamplingParams
 
 
 class QueueFullError(Exception):
@@ -26,7 +26,8 @@ class QueueFullError(Exception):
 class GenerationRequest:
     """One generation as the engine takes it, whichever API it came through.
 
-    `max_tokens` None is the rest of the context after the prompt (OpenAI's and Ollama's default: no limit).
+    `max_tokens` None is the rest of the context after the prompt (OpenAI's and Ollama's default: no limit);
+    `grammar`, when given, is what the reply must be (structured output).
     """
 
     prompt: str | list[Message]
@@ -34,6 +35,7 @@ class GenerationRequest:
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
+    grammar: Grammar | None = None
 
 
 @dataclass
@@ -116,7 +118,10 @@ def start(engine: Engine, request: GenerationRequest) -> tuple[Iterator[str], Ge
                 f"the prompt ({len(tokens)} tokens) fills the context size {engine.ctx_size}: no room for a reply"
             )
     result = Generation()
-    pieces = engine.stream(tokens, max_tokens=max_tokens, sampling=request.sampling, stop=request.stop, result=result)
+    pieces = engine.stream(
+        tokens, max_tokens=max_tokens, sampling=request.sampling, stop=request.stop, result=result,
+        grammar=request.grammar,
+    )  # fmt: skip
     return pieces, result, len(tokens)
 
 
