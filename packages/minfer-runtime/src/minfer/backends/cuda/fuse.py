@@ -167,9 +167,10 @@ def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
         chains = {chain[-1].output.name: chain for chain in map(g.projection_chain, matmuls)}
         store = next((r for chain in chains.values() for r in g.readers.get(chain[-1].output.name, [])
                       if r.op is Op.KV_STORE), None)  # fmt: skip
-        if store is None or store.inputs[0].name not in chains or store.inputs[1].name not in chains:
+        k_end, v_end = (store.inputs[0].name, store.inputs[1].name) if store is not None else ("", "")
+        if k_end == v_end or k_end not in chains or v_end not in chains:
             continue
-        k_chain, v_chain = chains.pop(store.inputs[0].name), chains.pop(store.inputs[1].name)
+        k_chain, v_chain = chains.pop(k_end), chains.pop(v_end)
         (q_chain,) = chains.values()
         q_rope, k_rope = q_chain[-1], k_chain[-1]
         if q_rope.op is not Op.ROPE or k_rope.op is not Op.ROPE or v_chain[-1].op is Op.ROPE:
