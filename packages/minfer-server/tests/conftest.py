@@ -76,3 +76,13 @@ def running(server_engine: minfer.Engine) -> Iterator[Running]:
     yield Running(url, app)
     server.should_exit = True
     thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def short_timeout_server(server_engine: minfer.Engine) -> Iterator[Running]:
+    """A second server over the same engine (the tests run one at a time) whose requests time out after 0.5 s."""
+    app = create_app(server_engine, model_name="tiny", queue_size=1, request_timeout=0.5)
+    server, thread, url = start_server(app)
+    yield Running(url, app)
+    server.should_exit = True
+    thread.join(timeout=30)

@@ -37,6 +37,7 @@ from minfer.options import (
     VersionAction,
     add_model_options,
     add_sampling_options,
+    float_value,
     non_negative_int,
     positive_int,
     sampling_from,
@@ -72,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--queue-size", type=positive_int, default=8, help="requests that may wait behind the running one (then 503)"
     )
+    serve.add_argument(
+        "--request-timeout", type=seconds_value, default=600.0, metavar="SECONDS",
+        help="stop a request still generating this long after it arrived: 504, or an error event (0: no limit)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--shutdown-grace", type=seconds_value, default=10.0, metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long the running reply may go on before it is ended",
+    )  # fmt: skip
     add_model_options(serve)
 
     add_bench_options(
@@ -118,6 +127,14 @@ llama-bench's flags: every list flag takes a,b,c and first-last, first-last+step
 may be repeated; the lists multiply into tests as in llama-bench, and a size of 0 skips that kind of test. The
 llama-bench flags that change nothing in minfer are accepted, checked and named on stderr; those that would
 make the numbers mislead are refused. docs/USAGE.md has the table of every flag."""
+
+
+def seconds_value(text: str) -> float:
+    """`minfer serve`'s durations: zero or more seconds."""
+    value = float_value(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
+    return value
 
 
 class BenchListAction(argparse.Action):
@@ -393,7 +410,10 @@ def command_serve(args: argparse.Namespace) -> int:
         missing = "the minfer-server package" if exc.name == "minfer_server" else f"{exc.name} (for minfer-server)"
         raise MinferError(f"minfer serve needs {missing}: pip install ./packages/minfer-server") from None
     engine = load_engine(resolve_model(args.model), args)
-    minfer_server.serve(engine, host=args.host, port=args.port, api_key=args.api_key, queue_size=args.queue_size)
+    minfer_server.serve(
+        engine, host=args.host, port=args.port, api_key=args.api_key, queue_size=args.queue_size,
+        request_timeout=args.request_timeout or None, shutdown_grace=args.shutdown_grace,
+    )  # fmt: skip
     return 0
 
 

@@ -3,7 +3,9 @@
 Routes under /api/ are Ollama's and answer errors as `{"error": "..."}`; the others answer OpenAI's
 `{"error": {"message", "type", "param", "code"}}`. Every generation goes through the one `Worker`; a streaming
 response waits for its request to be checked before it sends its status, so a bad request is an error status,
-never a stream that fails.
+never a stream that fails. A reply the server ends early (the request timeout, a shutdown) is 504 or 503 before its
+status is sent, and after it the stream's last event is the error: an SSE `data: {"error": {...}}` with no
+`[DONE]`, or an NDJSON `{"error": "..."}` line.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,6 +40,7 @@ from minfer import (
     NumericalError,
     SamplingParams,
 )
+from minfer_server.metrics import Metrics, Observe
 from minfer_server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -45,10 +50,19 @@ from minfer_server.schemas import (
     OpenAISampling,
     ResponseFormat,
 )
-from minfer_server.worker import Event, GenerationRequest, Job, QueueFullError, Worker
+from minfer_server.worker import (
+    Event,
+    GenerationRequest,
+    Job,
+    JobInterrupted,
+    QueueFullError,
+    RequestTimeoutError,
+    Worker,
+)
 
 DEFAULT_QUEUE_SIZE = 8
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20  # a full 128k-token context is well under 1 MiB of text
+DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds: a reply with no max_tokens may otherwise hold the engine for its context
 RETRY_AFTER_SECONDS = 1
 
 
@@ -70,8 +84,13 @@ class ApiError(Exception):
         self.headers = headers
 
     @classmethod
-    def from_minfer(cls, exc: MinferError) -> ApiError:
-        """A user's mistake is 400 (a prompt too long for the context with OpenAI's code); the model failing, 500."""
+    def of(cls, exc: MinferError | JobInterrupted) -> ApiError:
+        """A user's mistake is 400 (a prompt too long for the context with OpenAI's code); the model failing, 500;
+        the request timeout, 504; the server shutting down, 503."""
+        if isinstance(exc, RequestTimeoutError):
+            return cls(504, str(exc), kind="timeout_error", code="request_timeout")
+        if isinstance(exc, JobInterrupted):
+            return cls(503, str(exc), kind="server_error", code="server_shutting_down")
         if isinstance(exc, ContextOverflowError):
             return cls(400, str(exc), code="context_length_exceeded")
         if isinstance(exc, NumericalError | BackendError):
@@ -239,9 +258,12 @@ def ollama_request(
                              stop=options.stop or [], grammar=ollama_grammar(body.format))  # fmt: skip
 
 
-async def start_job(worker: Worker, request: GenerationRequest) -> Job:
-    """Queue `request` and wait until it holds the engine; its error (a bad prompt, say) is raised here."""
-    job = Job(request, asyncio.get_running_loop())
+async def start_job(http: Request, request: GenerationRequest) -> Job:
+    """Queue `request` and wait until it holds the engine; its error (a bad prompt, say) is raised here. The job is
+    the HTTP request's state `job`, for its access-log line."""
+    worker: Worker = http.app.state.worker
+    job = Job(request, asyncio.get_running_loop(), http.app.state.request_timeout)
+    http.state.job = job
     try:
         worker.submit(job)
     except QueueFullError:
@@ -291,8 +313,8 @@ async def openai_stream(
             elif item:
                 yield sse({**header, "choices": [choice(item, None)]})
         yield "data: [DONE]\n\n"
-    except MinferError as exc:  # the model failed mid-reply: the status is sent already, so the error is an event
-        yield sse(error_body("/v1", ApiError.from_minfer(exc)))
+    except (MinferError, JobInterrupted) as exc:  # the status is sent already, so the error is the last event
+        yield sse(error_body("/v1", ApiError.of(exc)))
     finally:
         job.cancel()
 
@@ -326,8 +348,8 @@ async def ollama_stream(job: Job, model: str, content: Callable[[str], dict[str,
                 yield ndjson({"model": model, "created_at": now_iso(), **content(""), **ollama_stats(item)})
             elif item:
                 yield ndjson({"model": model, "created_at": now_iso(), **content(item), "done": False})
-    except MinferError as exc:
-        yield ndjson({"error": ApiError.from_minfer(exc).message})
+    except (MinferError, JobInterrupted) as exc:
+        yield ndjson({"error": ApiError.of(exc).message})
     finally:
         job.cancel()
 
@@ -339,28 +361,37 @@ def create_app(
     api_key: str | None = None,
     queue_size: int = DEFAULT_QUEUE_SIZE,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
 ) -> FastAPI:
     """The server's app over a loaded `engine`, served under `model_name` (default: the file's name).
 
     `queue_size` requests may wait behind the running one (more get 503 with Retry-After); `api_key`, when given,
     must come as `Authorization: Bearer KEY` on every route but /health; a body over `max_body_bytes` gets 413.
+    A generation still running `request_timeout` seconds after its request arrived (the queue's wait included) is
+    stopped: 504, or an error as a stream's last event (None: no limit). `GET /metrics` has Prometheus' metrics of
+    this app alone; each request is also a line of the `minfer_server.access` logger.
     The worker thread starts and stops with the app (its lifespan).
     """
     if queue_size < 1:
         raise ValueError(f"queue size must be at least 1, got {queue_size}")
+    if request_timeout is not None and request_timeout <= 0:
+        raise ValueError(f"the request timeout must be positive seconds (or None: no limit), got {request_timeout}")
+    metrics = Metrics()
     info = engine.info
     name = model_name or Path(info.path).stem
     modified = Path(info.path).stat().st_mtime
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.worker = Worker(engine, queue_size)
+        app.state.worker = worker = Worker(engine, queue_size, metrics)
+        metrics.queue_depth.set_function(lambda: worker.waiting)
         try:
             yield
         finally:
             app.state.worker.stop()
 
     app = FastAPI(title="minfer", lifespan=lifespan)
+    app.state.request_timeout = request_timeout
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     @app.exception_handler(ApiError)
@@ -369,7 +400,11 @@ def create_app(
 
     @app.exception_handler(MinferError)
     async def on_minfer_error(request: Request, exc: MinferError) -> JSONResponse:
-        return error_response(request, ApiError.from_minfer(exc))
+        return error_response(request, ApiError.of(exc))
+
+    @app.exception_handler(JobInterrupted)
+    async def on_interrupted(request: Request, exc: JobInterrupted) -> JSONResponse:
+        return error_response(request, ApiError.of(exc))
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -388,14 +423,15 @@ def create_app(
             raise ApiError(401, "invalid or missing API key: send the header Authorization: Bearer KEY",
                            kind="authentication_error", code="invalid_api_key")  # fmt: skip
 
-    def worker(request: Request) -> Worker:
-        return request.app.state.worker
-
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     routes = APIRouter(dependencies=[Depends(check_key)])
+
+    @routes.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @routes.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -407,7 +443,7 @@ def create_app(
     @routes.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
         max_tokens = body.max_completion_tokens or body.max_tokens
-        job = await start_job(worker(request), openai_request(body, messages_of(body.messages), max_tokens))
+        job = await start_job(request, openai_request(body, messages_of(body.messages), max_tokens))
         header = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         if body.stream:
 
@@ -428,7 +464,7 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
         generation = openai_request(body, body.prompt, body.max_tokens)
         generation.template = False  # a completion continues the text as given
-        job = await start_job(worker(request), generation)
+        job = await start_job(request, generation)
         header = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                   "model": name}  # fmt: skip
 
@@ -445,7 +481,7 @@ def create_app(
 
     @routes.post("/api/chat", response_model=None)
     async def ollama_chat(body: OllamaChatRequest, request: Request) -> dict[str, Any] | StreamingResponse:
-        job = await start_job(worker(request), ollama_request(body, messages_of(body.messages), template=True))
+        job = await start_job(request, ollama_request(body, messages_of(body.messages), template=True))
 
         def message(text: str) -> dict[str, Any]:
             return {"message": {"role": "assistant", "content": text}}
@@ -465,7 +501,7 @@ def create_app(
         else:
             system = [{"role": "system", "content": body.system}] if body.system is not None else []
             prompt = [*system, {"role": "user", "content": body.prompt}]
-        job = await start_job(worker(request), ollama_request(body, prompt, template=not body.raw))
+        job = await start_job(request, ollama_request(body, prompt, template=not body.raw))
 
         def response(text: str) -> dict[str, Any]:
             return {"response": text}
@@ -494,4 +530,7 @@ def create_app(
         return {"version": importlib.metadata.version("minfer-server")}
 
     app.include_router(routes)
+    # Outermost, so that a request refused by the body limit is counted and logged too.
+    served = frozenset(route.path for route in [*app.routes, *routes.routes] if isinstance(route, APIRoute))
+    app.add_middleware(Observe, metrics=metrics, routes=served)
     return app

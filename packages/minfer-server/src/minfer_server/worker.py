@@ -4,7 +4,9 @@ An Engine holds one KV cache and runs one generation at a time (EngineBusyError 
 synchronous numpy or CUDA work, so it never runs on the event loop. A `Job` carries one request to the worker and
 its events back to the coroutine that answers the client: "start" (the request was checked and holds the engine),
 then "piece"s of text, then "end" with the Generation, or an "error" at any point. Cancelling a job (its client
-went away) stops it between two pieces, or before it starts if it is still waiting.
+went away) stops it between two pieces, or before it starts if it is still waiting. A job past its deadline (the
+per-request timeout, counted from its arrival) or stopped by a shutting-down server ends the same way, with an
+"error" event that says why.
 """
 
 from __future__ import annotations
@@ -12,14 +14,34 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from minfer import ContextOverflowError, Engine, Generation, Grammar, Message, SamplingParams
+from minfer_server.metrics import Metrics
 
 
 class QueueFullError(Exception):
     """Every place in the queue is taken: the client should come back later (503 with Retry-After)."""
+
+
+class JobInterrupted(Exception):
+    """A job the server ended before its reply was complete, for a reason its client is told."""
+
+
+class RequestTimeoutError(JobInterrupted):
+    """The request ran past the server's per-request timeout (504)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the request ran past the server's timeout of {seconds:g} seconds (--request-timeout)")
+
+
+class ShuttingDownError(JobInterrupted):
+    """The server is stopping: a request still waiting, arriving, or still running after the grace period (503)."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down; retry on another server or later")
 
 
 @dataclass
@@ -50,11 +72,17 @@ class Event:
 class Job:
     """One request on its way through the worker; its events arrive on the event loop that submitted it."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
         self.request = request
         self.loop = loop
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.arrived = time.monotonic()
+        self.timeout = timeout
+        self.stopped: JobInterrupted | None = None  # set from another thread: end the job with this error
+        # Set by the worker thread once the request holds the engine; read live by the access log.
+        self.prompt_tokens: int | None = None
+        self.result: Generation | None = None
 
     def cancel(self) -> None:
         """Stop the generation at its next piece (or skip it if it has not started)."""
@@ -84,26 +112,49 @@ class Job:
                 return
             yield event.text
 
-    def run(self, engine: Engine) -> None:
-        """In the worker thread: check the request and generate, pushing the events."""
+    def interruption(self) -> JobInterrupted | None:
+        """Why the job must end now, if it must: the server stopping it, or its deadline passed."""
+        if self.stopped is not None:
+            return self.stopped
+        if self.timeout is not None and time.monotonic() - self.arrived > self.timeout:
+            return RequestTimeoutError(self.timeout)
+        return None
+
+    def run(self, engine: Engine, metrics: Metrics) -> None:
+        """In the worker thread: check the request and generate, pushing the events and counting the tokens."""
         if self.cancelled.is_set():
+            return
+        if (interrupted := self.interruption()) is not None:  # it waited in the queue past its deadline
+            self.push(Event("error", error=interrupted))
             return
         try:
             pieces, result, n_prompt = start(engine, self.request)
         except Exception as exc:  # the route answers it: a MinferError with its status, anything else a 500
             self.push(Event("error", error=exc))
             return
+        self.prompt_tokens, self.result = n_prompt, result
+        metrics.prompt_tokens.inc(n_prompt)
         self.push(Event("start"))
+        first = True
         try:
             for piece in pieces:
                 if self.cancelled.is_set():
                     return
+                if (interrupted := self.interruption()) is not None:
+                    self.push(Event("error", error=interrupted))
+                    return
+                if first:
+                    metrics.time_to_first_token.observe(time.monotonic() - self.arrived)
+                    first = False
                 self.push(Event("piece", text=piece))
         except Exception as exc:
             self.push(Event("error", error=exc))
             return
         finally:
             pieces.close()  # releases the engine at once, also when the client went away mid-reply
+            metrics.generated_tokens.inc(result.stats.generated_tokens)
+            if result.stats.generated_tokens > 0:
+                metrics.tokens_per_second.observe(result.stats.generation_tokens_per_second)
         self.push(Event("end", generation=result, prompt_tokens=n_prompt))
 
 
@@ -128,10 +179,12 @@ def start(engine: Engine, request: GenerationRequest) -> tuple[Iterator[str], Ge
 class Worker:
     """The thread that owns the engine's generations; at most `queue_size` jobs wait behind the running one."""
 
-    def __init__(self, engine: Engine, queue_size: int) -> None:
+    def __init__(self, engine: Engine, queue_size: int, metrics: Metrics) -> None:
         self.engine = engine
+        self.metrics = metrics
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.current: Job | None = None
+        self.closing = False
         self.thread = threading.Thread(target=self._loop, name="minfer-server-worker", daemon=True)
         self.thread.start()
 
@@ -141,21 +194,40 @@ class Worker:
         return self.jobs.qsize()
 
     def submit(self, job: Job) -> None:
-        """Queue `job`; QueueFullError when every place is taken."""
+        """Queue `job`; QueueFullError when every place is taken, ShuttingDownError once `close` was called."""
+        if self.closing:
+            raise ShuttingDownError
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
             raise QueueFullError from None
 
-    def stop(self) -> None:
-        """Cancel the running and waiting jobs and end the thread."""
+    def close(self) -> None:
+        """The server begins to stop: refuse new jobs and end the waiting ones with ShuttingDownError; the running
+        one goes on (until `interrupt`)."""
+        self.closing = True
+        for job in self._take_waiting():
+            job.push(Event("error", error=ShuttingDownError()))
+
+    def interrupt(self) -> None:
+        """End the running job, at its next piece, with ShuttingDownError (the grace period is over)."""
+        if (job := self.current) is not None:
+            job.stopped = ShuttingDownError()
+
+    def _take_waiting(self) -> list[Job]:
+        taken = []
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                break
+                return taken
             if job is not None:
-                job.cancel()
+                taken.append(job)
+
+    def stop(self) -> None:
+        """Cancel the running and waiting jobs and end the thread."""
+        for job in self._take_waiting():
+            job.cancel()
         if self.current is not None:
             self.current.cancel()
         self.jobs.put(None)
@@ -164,5 +236,5 @@ class Worker:
     def _loop(self) -> None:
         while (job := self.jobs.get()) is not None:
             self.current = job
-            job.run(self.engine)
+            job.run(self.engine, self.metrics)
             self.current = None
