@@ -71,6 +71,8 @@ def tests(session: nox.Session) -> None:
         install_kernels(session, "90")
         folders.append(f"{KERNELS}/tests")
     session.run("pytest", "-q", "-ra", *folders, *session.posargs)
+    if not session.posargs:  # a full run also prints `minfer serve`'s load table on this machine's CPU
+        session.run("python", "tools/load_test.py", "--requests", "1", "--max-tokens", "16")
 
 
 @nox.session(venv_backend="none")
