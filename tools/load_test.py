@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from minfer.options import positive_int
+
 PROMPTS = [
     "Tell me about the history of the printing press.",
     "Explain how a bicycle stays upright.",
@@ -109,21 +111,14 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", help="a known name or a .gguf file (default: the default model)")
     parser.add_argument("--backend", default="cpu", help="minfer serve's --backend (default: cpu)")
-    parser.add_argument("--threads", type=positive, help="minfer serve's --threads")
+    parser.add_argument("--threads", type=positive_int, help="minfer serve's --threads")
     parser.add_argument("--clients", type=parse_levels, default=[1, 4, 16], help="concurrency levels, a,b,c")
-    parser.add_argument("--requests", type=positive, default=4, help="requests per client at each level")
-    parser.add_argument("--max-tokens", type=positive, default=32, help="max_tokens of each request")
+    parser.add_argument("--requests", type=positive_int, default=4, help="requests per client at each level")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="max_tokens of each request")
     args = parser.parse_args()
     server, url = start_server(args, queue_size=max(args.clients))
     try:
