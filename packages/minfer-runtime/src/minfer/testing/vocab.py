@@ -1,13 +1,19 @@
-"""A realistic byte-level BPE tokenizer for synthetic GGUF files.
+"""Realistic tokenizers for synthetic GGUF files: byte-level BPE and SentencePiece.
 
 `add_tokenizer_metadata` writes the `tokenizer.*` keys of a GGUF the way
 llama.cpp's converter does for a GPT-2-style vocabulary: ChatML control
 tokens, the 256 byte-level symbols, merges learned from a small embedded
 English + code corpus, and unused padding tokens up to the requested size.
 
+`add_sentencepiece_metadata` writes a SentencePiece vocabulary (`tokenizer.ggml.model
+= llama`) the way the converter's `_set_vocab_sentencepiece` does: scores, token
+types, the 256 byte tokens `<0x00>`..`<0xFF>`, control tokens, and the flags of one
+family (`SENTENCEPIECE_STYLES`: Gemma's or Llama 2's). Its pieces are learned from
+the same corpus with spaces written `▁`, as SentencePiece's BPE trainer would.
+
 The merges are learned by a tiny pure-Python BPE trainer whose every tie is
 broken by a fixed rule, so the same call writes the same bytes on every run
-and every platform (the tokenizer fixture records a hash of the vocabulary).
+and every platform (the tokenizer fixtures record a hash of each vocabulary).
 """
 
 from __future__ import annotations
@@ -16,19 +22,21 @@ import heapq
 import itertools
 import re
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from functools import cache
 
 import gguf
 
 from minfer.chat_template import CHATML
 from minfer.tokenizer import BYTE_TO_CHAR
+from minfer.tokenizer_spm import BYTE_TOKEN, SPACE_SYMBOL
 
 # The three ChatML control tokens, at ids 0, 1, 2 as in SmolLM2's vocabulary.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
 MIN_VOCAB_SIZE = 512
-MAX_VOCAB_SIZE = 151936
+MAX_VOCAB_SIZE = 262144  # the largest preset vocabulary: Gemma 3's
 
 # The corpus the merges are learned from: prose, numbers and a few languages'
 # worth of code, so common words, indentation runs and operators get tokens.
@@ -258,6 +266,215 @@ def learned_merges() -> tuple[tuple[str, str], ...]:
         tuple(BYTE_TO_CHAR[b] for b in word.encode("utf-8")) for word in _WORD_PATTERN.findall(CORPUS)
     )
     return tuple(_train_bpe(word_counts))
+
+
+@dataclass(frozen=True)
+class SentencePieceStyle:
+    """The special tokens and flags one family's converted files carry around a SentencePiece vocabulary."""
+
+    # (text, type) of the tokens before the byte tokens, in id order.
+    specials: tuple[tuple[str, gguf.TokenType], ...]
+    # (text, type) of the tokens a fine-tune added after SentencePiece's own (its tokenizer config's).
+    added: tuple[tuple[str, gguf.TokenType], ...]
+    # Whether runs of spaces (`▁▁`, `▁▁▁▁`) are learned as normal tokens; Gemma has user-defined ones instead.
+    learns_space_runs: bool
+    special_score: float  # what the converter scores them
+    bos: str
+    eos: str
+    unknown: str
+    padding: str | None
+    # The value of tokenizer.ggml.add_space_prefix, or None where the converter writes no key (llama.cpp's
+    # default for SentencePiece is then true).
+    add_space_prefix: bool | None
+    # How the tokens past the learned ones are named ({id}: the token id, {n}: a count from `filler_first`)
+    # and typed.
+    filler: str
+    filler_first: int
+    filler_type: gguf.TokenType
+
+
+_CONTROL, _USER_DEFINED = gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
+
+SENTENCEPIECE_STYLES = {
+    # Gemma 3, as llama.cpp converts it (conversion/gemma.py): every special token is CONTROL, <unk> too (the
+    # tokenizer config marks it special); runs of newlines, spaces and tabs and a few HTML tags are
+    # USER_DEFINED (matched whole in any text, spaces written as spaces); no space prefix; <unusedN> fill.
+    "gemma": SentencePieceStyle(
+        specials=(
+            ("<pad>", _CONTROL),
+            ("<eos>", _CONTROL),
+            ("<bos>", _CONTROL),
+            ("<unk>", _CONTROL),
+            ("<mask>", _CONTROL),
+            ("[multimodal]", _USER_DEFINED),
+            *((f"<unused{i}>", _CONTROL) for i in range(4)),
+            ("<start_of_turn>", _CONTROL),
+            ("<end_of_turn>", _CONTROL),
+            *(("\n" * n, _USER_DEFINED) for n in range(1, 9)),
+            *((" " * n, _USER_DEFINED) for n in range(2, 9)),
+            *(("\t" * n, _USER_DEFINED) for n in range(1, 5)),
+            *((tag, _USER_DEFINED) for tag in ("<table>", "<tr>", "<td>", "</td>", "</tr>", "</table>", "<b>", "</b>")),
+        ),
+        added=(),
+        learns_space_runs=False,
+        special_score=-1000.0,
+        bos="<bos>",
+        eos="<eos>",
+        unknown="<unk>",
+        padding="<pad>",
+        add_space_prefix=False,
+        filler="<unused{n}>",
+        filler_first=4,
+        filler_type=_CONTROL,
+    ),
+    # Llama 2 / TinyLlama: <unk> <s> </s> scored 0 as SentencePiece stores them, no key for the space prefix
+    # (so it is on), and the converter's [PADn] fill.
+    "llama2": SentencePieceStyle(
+        specials=(("<unk>", gguf.TokenType.UNKNOWN), ("<s>", _CONTROL), ("</s>", _CONTROL)),
+        added=(),
+        learns_space_runs=True,
+        special_score=0.0,
+        bos="<s>",
+        eos="</s>",
+        unknown="<unk>",
+        padding=None,
+        add_space_prefix=None,
+        filler="[PAD{id}]",
+        filler_first=0,
+        filler_type=gguf.TokenType.UNUSED,
+    ),
+    # Phi-3-mini: Llama 2's vocabulary and the chat tokens its config adds after it, all CONTROL; EOS is
+    # <|endoftext|>, and <|end|> ends a turn.
+    "phi3": SentencePieceStyle(
+        specials=(("<unk>", gguf.TokenType.UNKNOWN), ("<s>", _CONTROL), ("</s>", _CONTROL)),
+        added=tuple(
+            (text, _CONTROL)
+            for text in (
+                "<|endoftext|>",
+                "<|assistant|>",
+                "<|placeholder1|>",
+                "<|placeholder2|>",
+                "<|placeholder3|>",
+                "<|placeholder4|>",
+                "<|system|>",
+                "<|end|>",
+                "<|placeholder5|>",
+                "<|placeholder6|>",
+                "<|user|>",
+            )
+        ),
+        learns_space_runs=True,
+        special_score=0.0,
+        bos="<s>",
+        eos="<|endoftext|>",
+        unknown="<unk>",
+        padding=None,
+        add_space_prefix=None,
+        filler="[PAD{id}]",
+        filler_first=0,
+        filler_type=gguf.TokenType.UNUSED,
+    ),
+}
+
+# SentencePiece's pre-split for training (spaces already `▁`): letter runs, single digits, punctuation runs,
+# each with the space in front of it, and runs of spaces. Newlines and tabs are left to byte fallback (or to
+# a style's user-defined tokens).
+_PIECE_PATTERN = re.compile(r"▁?[^\W\d_]+|▁?\d|▁?(?:[^\s\w▁]|_)+|▁+")
+
+
+def add_sentencepiece_metadata(
+    writer: gguf.GGUFWriter, vocab_size: int, *, style: str = "gemma", chat_template: str | None = None
+) -> None:
+    """Write a complete SentencePiece tokenizer of exactly `vocab_size` tokens into `writer`, the keys as
+    llama.cpp's converter writes them for the family `style` names (a key of `SENTENCEPIECE_STYLES`).
+
+    Token ids: the style's special tokens, the 256 byte tokens, the pieces the learned merges make (scored 0,
+    -1, -2, ... in merge order, as SentencePiece scores them), the corpus's single characters (scored below
+    every merge: they are never a merge's result), the style's added tokens, then its filler up to
+    `vocab_size`.
+    """
+    tokens, scores, token_types = build_sentencepiece_vocab(vocab_size, style)
+    spec = SENTENCEPIECE_STYLES[style]
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(token_types)
+    writer.add_bos_token_id(tokens.index(spec.bos))
+    writer.add_eos_token_id(tokens.index(spec.eos))
+    writer.add_unk_token_id(tokens.index(spec.unknown))
+    if spec.padding is not None:
+        writer.add_pad_token_id(tokens.index(spec.padding))
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if spec.add_space_prefix is not None:
+        writer.add_add_space_prefix(spec.add_space_prefix)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
+def build_sentencepiece_vocab(vocab_size: int, style: str) -> tuple[list[str], list[float], list[gguf.TokenType]]:
+    """The tokens (exactly `vocab_size`), their scores and their types, for `add_sentencepiece_metadata`."""
+    if style not in SENTENCEPIECE_STYLES:
+        raise ValueError(f"unknown SentencePiece style {style!r} (choose from {', '.join(SENTENCEPIECE_STYLES)})")
+    spec = SENTENCEPIECE_STYLES[style]
+    characters = sentencepiece_characters()
+    fixed = len(spec.specials) + 256 + len(characters) + len(spec.added)
+    if not fixed <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be in [{fixed}, {MAX_VOCAB_SIZE}] for style {style!r}, got {vocab_size}")
+    tokens = [text for text, _ in spec.specials]
+    token_types = [token_type for _, token_type in spec.specials]
+    scores = [spec.special_score] * len(tokens)
+    tokens += [BYTE_TOKEN.format(byte) for byte in range(256)]
+    token_types += [gguf.TokenType.BYTE] * 256
+    scores += [0.0] * 256
+    known = set(tokens)
+    pieces: list[str] = []
+    for left, right in learned_pieces():
+        if len(pieces) == vocab_size - fixed:
+            break
+        if not spec.learns_space_runs and not (left + right).strip(SPACE_SYMBOL):
+            continue
+        if left + right not in known:
+            known.add(left + right)
+            pieces.append(left + right)
+    pieces += characters
+    tokens += pieces
+    token_types += [gguf.TokenType.NORMAL] * len(pieces)
+    scores += [-float(rank) for rank in range(len(pieces))]
+    tokens += [text for text, _ in spec.added]
+    token_types += [token_type for _, token_type in spec.added]
+    scores += [spec.special_score] * len(spec.added)
+    n_filler = vocab_size - len(tokens)
+    tokens += [spec.filler.format(id=len(tokens) + i, n=spec.filler_first + i) for i in range(n_filler)]
+    token_types += [spec.filler_type] * n_filler
+    scores += [spec.special_score] * n_filler
+    return tokens, scores, token_types
+
+
+@cache
+def _sentencepiece_words() -> Counter[tuple[str, ...]]:
+    """The corpus's training words (`_PIECE_PATTERN`), each as a tuple of characters, with their counts."""
+    words: Counter[tuple[str, ...]] = Counter()
+    for line in CORPUS.splitlines():
+        words.update(tuple(word) for word in _PIECE_PATTERN.findall(line.replace(" ", SPACE_SYMBOL)))
+    return words
+
+
+@cache
+def sentencepiece_characters() -> tuple[str, ...]:
+    """Every character of the training words, most frequent first (then by code point)."""
+    counts: Counter[str] = Counter()
+    for word, count in _sentencepiece_words().items():
+        for char in word:
+            counts[char] += count
+    return tuple(sorted(counts, key=lambda char: (-counts[char], char)))
+
+
+@cache
+def learned_pieces() -> tuple[tuple[str, str], ...]:
+    """SentencePiece-style merges learned from `CORPUS` (spaces as `▁`), most frequent first."""
+    return tuple(_train_bpe(_sentencepiece_words()))
 
 
 def _train_bpe(word_counts: Counter[tuple[str, ...]]) -> list[tuple[str, str]]:
