@@ -108,6 +108,30 @@ async def test_missing_model_exits_with_its_one_line_error(tmp_path):
 
 
 @run_async
+async def test_the_chat_template_given_is_the_one_the_conversation_uses(tiny_model, tmp_path):
+    template = tmp_path / "brackets.jinja"
+    template.write_text("{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}\n{% endfor %}")
+    app = chat_app(tiny_model, chat_template=template)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        assert app.session.engine.template.provenance == f"{template} (--chat-template)"
+        await submit(pilot, "Hello")
+        tokenizer = app.session.engine.tokenizer
+        assert app.session.last.stats.prompt_tokens == len(tokenizer.encode("[user] Hello\n"))
+
+
+@run_async
+async def test_a_chat_template_that_does_not_compile_exits_with_its_one_line_error(tiny_model, tmp_path):
+    template = tmp_path / "broken.jinja"
+    template.write_text("{% for message in messages %}")
+    app = chat_app(tiny_model, chat_template=template)
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_idle(pilot)
+    assert app.return_code == 1
+    assert app.load_error.startswith(f"{template}: chat template does not compile: Unexpected end of template.")
+
+
+@run_async
 async def test_reply_budget_must_leave_room_in_the_context(tiny_model):
     app = chat_app(tiny_model, max_tokens=512)
     async with app.run_test(size=TERMINAL_SIZE) as pilot:

@@ -34,13 +34,14 @@ def test_flags_become_the_apps_options():
     args = build_parser().parse_args(
         ["model.gguf", "--backend", "cpu", "-c", "1024", "-t", "3", "--system", "Be brief.", "-n", "64",
          "--temp", "0.5", "--top-k", "10", "--top-p", "0.8", "--min-p", "0.1", "--repeat-penalty", "1.1",
-         "--repeat-last-n", "32", "--seed", "7"]
+         "--repeat-last-n", "32", "--seed", "7", "--chat-template", "gemma"]
     )  # fmt: skip
     assert options_from(args) == ChatOptions(
         model="model.gguf",
         backend="cpu",
         ctx_size=1024,
         threads=3,
+        chat_template="gemma",
         system="Be brief.",
         sampling=SamplingParams(
             temperature=0.5, top_k=10, top_p=0.8, min_p=0.1, repeat_penalty=1.1, repeat_last_n=32, seed=7
@@ -63,7 +64,8 @@ def test_the_app_imports_minfers_public_api_not_the_minfer_command():
 def test_help_lists_the_flags():
     result = minfer_chat("--help")
     assert result.returncode == 0
-    for flag in ("--system", "--max-tokens", "--backend", "--ctx-size", "--temp", "--top-p", "--seed"):
+    flags = ("--system", "--max-tokens", "--backend", "--ctx-size", "--chat-template", "--temp", "--top-p", "--seed")
+    for flag in flags:
         assert flag in result.stdout
 
 
@@ -74,6 +76,12 @@ def test_help_lists_the_flags():
         (["--top-p", "3"], 1, "minfer-chat: error: invalid sampling parameter top_p=3.0"),
         (["--backend", "tpu"], 2, "minfer-chat: error: argument --backend: invalid choice: 'tpu'"),
         (["-t", "0"], 2, "minfer-chat: error: argument -t/--threads: "),
+        (
+            ["--chat-template", "nope"],
+            2,
+            "minfer-chat: error: argument --chat-template: chat template 'nope' is "
+            "neither an existing file nor a built-in template (built-ins: chatml, gemma, llama3, phi3)",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_errors(args, status, message):

@@ -57,7 +57,7 @@ def load_template(tmp_path: Path, chat_template: str | None) -> ChatTemplate:
 
 def test_default_model_template(default_model_gguf):
     template = ChatTemplate.from_gguf(default_model_gguf, Tokenizer.from_gguf(default_model_gguf))
-    assert not template.is_fallback
+    assert template.provenance == "from the file"
     assert template.source == default_model_gguf.metadata["tokenizer.chat_template"]
     # SmolLM2's template adds its own system prompt when the conversation has none.
     assert template.render([{"role": "user", "content": "Hi"}]) == (
@@ -80,8 +80,9 @@ def test_chatml_renders_every_turn(tmp_path):
 
 
 def test_chatml_is_the_fallback_only_without_a_template(tmp_path):
+    assert load_template(tmp_path, CHATML).provenance == "from the file"
     fallback = load_template(tmp_path, None)
-    assert fallback.is_fallback
+    assert fallback.provenance == "built-in chatml (the file has none; chosen by the vocabulary's <|im_start|>)"
     assert fallback.source == CHATML
     assert fallback.render([{"role": "user", "content": "x"}]) == (
         "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"

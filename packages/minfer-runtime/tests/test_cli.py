@@ -514,7 +514,7 @@ def test_info_describes_the_model(synthetic_model, preset, weight_type, architec
     assert rows["attention heads"].startswith("4 (KV heads 2, head size 16)")
     assert rows["context length"] == "512"
     assert rows["tokenizer"].startswith("gpt2 (pre ") and "512 tokens" in rows["tokenizer"]
-    assert rows["chat template"] == "from file"
+    assert rows["chat template"] == "from the file"
     assert rows["tensors"] == f"{len(gguf.tensors)}, every one read by the graph (none ignored)"
     assert f"{architecture}.rope.freq_base" in rows["keys read"] and "tokenizer.ggml.tokens" in rows["keys read"]
     n_read = int(rows["keys read"].split(":")[0])
@@ -537,9 +537,8 @@ def test_info_names_the_backends_that_read_each_type(synthetic_model):
     rows = info_rows(minfer_cli("info", synthetic_model("tiny-llama", "Q5_1")).stdout)
     readers = dict(part.split(": ") for part in rows["read by"].removesuffix(
         " (cuda: minfer-kernels is not installed)").split("; "))  # fmt: skip
-    assert readers["Q5_1"] == "cpu"  # no CUDA kernel reads Q5_1 yet
-    expected_f32 = "cpu, cuda" if importlib.util.find_spec("minfer_kernels") else "cpu"
-    assert readers["F32"] == expected_f32
+    expected = "cpu, cuda" if importlib.util.find_spec("minfer_kernels") else "cpu"
+    assert readers["Q5_1"] == readers["F32"] == expected
 
 
 def test_graph_writes_dot(tiny_model, tmp_path):

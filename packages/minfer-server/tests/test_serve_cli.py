@@ -11,6 +11,7 @@ import pytest
 
 import minfer
 from minfer import ModelNotFoundError
+from minfer.testing.synthetic import write_synthetic_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,6 +44,27 @@ def test_serve_the_default_model_then_ctrl_c():
         server.kill()
     assert server.returncode in (0, 130)
     assert "Traceback" not in stderr
+
+
+def test_serve_renders_prompts_with_the_chat_template_given(tmp_path):
+    model = write_synthetic_model(tmp_path / "tiny-llama.gguf", "tiny-llama")
+    template = tmp_path / "brackets.jinja"
+    template.write_text("{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}\n{% endfor %}")
+    command = [sys.executable, "-m", "minfer.cli", "serve", str(model), "--backend", "cpu", "-t", "1", "--port", "0",
+               "--chat-template", str(template)]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("minfer serve: listening on http://127.0.0.1:"), server.stderr.read()
+        client = openai.OpenAI(base_url=f"{line.split()[-1]}/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, temperature=0)
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=30)
+    finally:
+        server.kill()
+    with minfer.load(model, backend="cpu", chat_template=template) as engine:
+        assert reply.usage.prompt_tokens == len(engine.tokenizer.encode("[user] What is the capital of France?\n"))
 
 
 def test_without_the_package_serve_says_how_to_install_it():

@@ -82,6 +82,7 @@ class ChatOptions:
     backend: str = "auto"
     ctx_size: int | None = None
     threads: int | None = None  # CPU threads for numpy's BLAS; None: the runtime's default
+    chat_template: str | Path | None = None  # a template file or a built-in's name instead of the model's own
     system: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
@@ -271,6 +272,7 @@ class ChatApp(App[None]):
                 ctx_size=options.ctx_size,
                 threads=options.threads,
                 progress=report_progress,
+                chat_template=options.chat_template,
             )
             if options.max_tokens >= engine.ctx_size:
                 raise MinferError(

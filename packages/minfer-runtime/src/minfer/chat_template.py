@@ -26,6 +26,12 @@ naming the budget.
 
 A template is compiled and test-rendered when the model loads, so a broken
 template is reported at once rather than at the first chat turn.
+
+A file without a template gets one of the built-in templates
+(`chat_template_builtins`), chosen by `choose_builtin` from the vocabulary's
+special tokens and the architecture, and refused when the vocabulary lacks a
+control token it writes. `--chat-template` names a template file or a built-in
+to use instead of the file's own (`resolve_chat_template`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import re
 import string
 import sys
@@ -42,6 +49,7 @@ import types
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import jinja2
@@ -54,19 +62,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 
+from minfer.chat_template_builtins import BUILTIN_TEMPLATES, BuiltinTemplate
+from minfer.chat_template_builtins import CHATML as CHATML  # re-exported: the template synthetic files carry
 from minfer.errors import TemplateError
 from minfer.gguf_file import GGUFFile
 
 if TYPE_CHECKING:
     from minfer.tokenizer import Tokenizer
-
-# Used only for a GGUF without a template: the ChatML format of Qwen and SmolLM.
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 ROLES = ("system", "user", "assistant")
 
@@ -117,34 +119,105 @@ WHITESPACE = (
 _MEMORY_MESSAGE = f"chat template would exceed its {MAX_RENDER_BYTES // 1_000_000} MB memory budget"
 
 
+# A value of `--chat-template` (`minfer.load`'s `chat_template`): a template file, or a built-in template's name.
+TemplateChoice = str | os.PathLike[str]
+
+# The markers of each built-in format among a vocabulary's special tokens, tried in this order, and the
+# architectures whose format is known when the vocabulary shows none (`choose_builtin`).
+VOCABULARY_MARKERS = (
+    ("gemma", ("<start_of_turn>",)),
+    ("llama3", ("<|start_header_id|>", "<|eot_id|>")),
+    ("phi3", ("<|user|>", "<|end|>")),
+    ("chatml", ("<|im_start|>",)),
+)
+ARCHITECTURE_TEMPLATES = {"gemma3": "gemma", "phi3": "phi3"}
+DEFAULT_TEMPLATE = "chatml"
+
+
 class ChatTemplate:
     """A compiled chat template and the special-token strings it is rendered with."""
 
-    def __init__(self, source: str, *, bos_token: str, eos_token: str, origin: str, is_fallback: bool = False) -> None:
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str,
+        eos_token: str,
+        origin: str,
+        label: str = "tokenizer.chat_template",
+        provenance: str = "from the file",
+        unusable: str | None = None,
+    ) -> None:
         """Compile `source` and check that it renders `PROBE_CONVERSATION`.
 
-        `origin` names where the template came from (the GGUF path) in errors.
+        Errors name the template by `origin`, where it came from (the GGUF path), and `label`, what it is there
+        (the GGUF key); `provenance` is how it was chosen, as `minfer info` says it. `unusable`, when given, is
+        why no conversation may be rendered with it (a built-in whose control tokens the vocabulary lacks):
+        the model still loads, for raw prompts and benchmarks, and each render raises it.
         """
         self.source = source
-        self.is_fallback = is_fallback
+        self.provenance = provenance
         self._bos_token = bos_token
         self._eos_token = eos_token
         self._origin = origin
-        self._template = _compile(source, origin)
+        self._template = _compile(source, origin, label)
+        self._unusable = None
         self.render(PROBE_CONVERSATION)
+        self._unusable = unusable
 
     @classmethod
-    def from_gguf(cls, gguf_file: GGUFFile, tokenizer: Tokenizer) -> ChatTemplate:
-        """The template of `gguf_file`, or ChatML when the file has none."""
+    def from_gguf(
+        cls, gguf_file: GGUFFile, tokenizer: Tokenizer, chat_template: TemplateChoice | None = None
+    ) -> ChatTemplate:
+        """The template `gguf_file` is rendered with: `chat_template` when given (a file or a built-in's name, as
+        `resolve_chat_template` reads it), else the file's own, else the built-in that `choose_builtin` picks.
+
+        A built-in must find the special tokens it writes in the vocabulary; it is refused otherwise.
+        """
+        tokens = {
+            "bos_token": _token_or_empty(tokenizer, tokenizer.bos_id),
+            "eos_token": _token_or_empty(tokenizer, tokenizer.eos_id),
+        }
+        if chat_template is not None:
+            choice = resolve_chat_template(chat_template)
+            if isinstance(choice, Path):
+                return cls(
+                    read_template_file(choice),
+                    **tokens,
+                    origin=str(choice),
+                    label="chat template",
+                    provenance=f"{choice} (--chat-template)",
+                )
+            _check_special_tokens(choice, tokenizer, f"{gguf_file.path}: the built-in {choice.name} template")
+            return cls(
+                choice.source,
+                **tokens,
+                origin=f"built-in template {choice.name}",
+                provenance=f"built-in {choice.name} (--chat-template)",
+            )
         source = gguf_file.metadata.get("tokenizer.chat_template")
-        if source is not None and not isinstance(source, str):
-            raise TemplateError(f"{gguf_file.path}: tokenizer.chat_template is not a string")
+        if source is not None:
+            if not isinstance(source, str):
+                raise TemplateError(f"{gguf_file.path}: tokenizer.chat_template is not a string")
+            return cls(source, **tokens, origin=str(gguf_file.path))
+        builtin, reason = choose_builtin(_special_texts(tokenizer), gguf_file.architecture)
+        unusable = None
+        try:
+            _check_special_tokens(
+                builtin,
+                tokenizer,
+                f"{gguf_file.path}: the file has no chat template, and the built-in {builtin.name} template ({reason})",
+            )
+        except TemplateError as refusal:  # a base model without chat tokens: raw prompts only
+            unusable = str(refusal)
         return cls(
-            CHATML if source is None else source,
-            bos_token=_token_or_empty(tokenizer, tokenizer.bos_id),
-            eos_token=_token_or_empty(tokenizer, tokenizer.eos_id),
-            origin=str(gguf_file.path),
-            is_fallback=source is None,
+            builtin.source,
+            **tokens,
+            origin=f"built-in template {builtin.name}",
+            provenance=f"none: the file has none and the built-in {builtin.name} ({reason}) does not fit its vocabulary"
+            if unusable
+            else f"built-in {builtin.name} (the file has none; {reason})",
+            unusable=unusable,
         )
 
     def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
@@ -152,6 +225,8 @@ class ChatTemplate:
 
         With `add_generation_prompt`, the text ends where the assistant's reply begins.
         """
+        if self._unusable is not None:
+            raise TemplateError(self._unusable)
         _check_messages(messages)
         token = _BUDGET.set(_RenderBudget())
         try:
@@ -171,10 +246,88 @@ class ChatTemplate:
             _BUDGET.reset(token)
 
 
-def _compile(source: str, origin: str) -> jinja2.Template:
+def choose_builtin(special_tokens: Collection[str], architecture: str) -> tuple[BuiltinTemplate, str]:
+    """The built-in template for a file that has none, and why it is that one (as `minfer info` says it).
+
+    The vocabulary decides first, by the markers of each format among its special tokens, tried in this order:
+    `<start_of_turn>` is Gemma's, `<|start_header_id|>` with `<|eot_id|>` Llama 3's, `<|user|>` with `<|end|>`
+    Phi-3's, `<|im_start|>` ChatML's. A vocabulary with none of them leaves it to `general.architecture`: `gemma3`
+    is Gemma, `phi3` is Phi-3. Anything else gets ChatML, as in llama.cpp, whose `llama_model_chat_template` returns
+    nothing for a file without a template and whose callers then use chatml.
+    """
+    for name, markers in VOCABULARY_MARKERS:
+        if all(marker in special_tokens for marker in markers):
+            return BUILTIN_TEMPLATES[name], f"chosen by the vocabulary's {' and '.join(markers)}"
+    if architecture in ARCHITECTURE_TEMPLATES:
+        return BUILTIN_TEMPLATES[ARCHITECTURE_TEMPLATES[architecture]], f"chosen by general.architecture {architecture}"
+    return (
+        BUILTIN_TEMPLATES[DEFAULT_TEMPLATE],
+        f"the default: neither the vocabulary nor general.architecture {architecture} names another",
+    )
+
+
+def resolve_chat_template(value: TemplateChoice) -> Path | BuiltinTemplate:
+    """What a `--chat-template` value names: a path (a `str` naming one that exists, or any `os.PathLike`) is a
+    template file; else a built-in template's name is that built-in; anything else is refused, listing the names."""
+    if isinstance(value, os.PathLike):
+        return Path(value)
+    if not isinstance(value, str):
+        raise TemplateError(f"a chat template is a file or a built-in's name, got {type(value).__name__}")
+    try:
+        exists = value != "" and Path(value).exists()
+    except (OSError, ValueError):  # a name too long for a path, or one with a NUL in it
+        exists = False
+    if exists:
+        return Path(value)
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    raise TemplateError(
+        f"chat template {value!r} is neither an existing file nor a built-in template "
+        f"(built-ins: {', '.join(BUILTIN_TEMPLATES)})"
+    )
+
+
+def read_template_file(path: Path) -> str:
+    """The text of a template file, refused by name when it is missing, unreadable, too large or not UTF-8."""
+    most_bytes = MAX_TEMPLATE_CHARS * CHAR_BYTES  # the longest a template of MAX_TEMPLATE_CHARS can take
+    try:
+        with path.open("rb") as file:
+            data = file.read(most_bytes + 1)  # never more: the file may be huge, or a pipe without end
+    except FileNotFoundError:
+        raise TemplateError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TemplateError(f"{path}: cannot read the chat template ({exc.strerror or exc})") from None
+    if len(data) > most_bytes:
+        raise TemplateError(
+            f"{path}: more than {most_bytes:,} bytes, longer than a chat template may be "
+            f"({MAX_TEMPLATE_CHARS:,} characters)"
+        )
+    try:
+        return data.decode("utf-8-sig")  # an editor's byte-order mark is no part of the template
+    except UnicodeDecodeError as exc:
+        raise TemplateError(f"{path}: the chat template is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _special_texts(tokenizer: Tokenizer) -> frozenset[str]:
+    return frozenset(tokenizer.token_text(token_id) for token_id in tokenizer.special_ids)
+
+
+def _check_special_tokens(template: BuiltinTemplate, tokenizer: Tokenizer, what: str) -> None:
+    """Refuse a built-in template whose control tokens the vocabulary would read as plain text; `what` names it."""
+    specials = _special_texts(tokenizer)
+    missing = [token for token in template.special_tokens if token not in specials]
+    if missing:
+        are_not = "is not a special token" if len(missing) == 1 else "are not special tokens"
+        raise TemplateError(
+            f"{what} writes {', '.join(missing)}, which {are_not} of its vocabulary: "
+            "give a template that fits with --chat-template FILE"
+        )
+
+
+def _compile(source: str, origin: str, label: str) -> jinja2.Template:
     if len(source) > MAX_TEMPLATE_CHARS:
         raise TemplateError(
-            f"{origin}: tokenizer.chat_template is {len(source):,} characters long, "
+            f"{origin}: {label} is {len(source):,} characters long, "
             f"more than the {MAX_TEMPLATE_CHARS:,} a template may have"
         )
     environment = _environment()
@@ -184,9 +337,9 @@ def _compile(source: str, origin: str) -> jinja2.Template:
         tree.set_environment(environment)  # the nodes _Guards made
         return environment.from_string(tree)
     except jinja2.TemplateError as exc:
-        raise TemplateError(f"{origin}: tokenizer.chat_template does not compile: {_describe(exc)}") from None
+        raise TemplateError(f"{origin}: {label} does not compile: {_describe(exc)}") from None
     except Exception as exc:  # deep nesting runs jinja2's parser or Python's compiler out of stack or memory
-        raise TemplateError(f"{origin}: tokenizer.chat_template does not compile: {_python_error(exc)}") from None
+        raise TemplateError(f"{origin}: {label} does not compile: {_python_error(exc)}") from None
 
 
 class _GenerationBlock(jinja2.ext.Extension):

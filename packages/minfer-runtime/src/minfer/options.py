@@ -1,7 +1,7 @@
 """What minfer's commands share on the command line: `minfer` (minfer.cli) and `minfer-chat` parse with these.
 
 One definition of each: the parser (a malformed command line is one line and exit status 2), `--version`, the
-model and sampling options and the types of their values, and the exit statuses. A value type raises
+model, chat template and sampling options and the types of their values, and the exit statuses. A value type raises
 `argparse.ArgumentTypeError`, which the parser reports naming the flag; `minfer-chat` reads a `/seed` with
 `seed_value` too, so that the flag and the slash command take the same values.
 """
@@ -12,9 +12,13 @@ import argparse
 import importlib.metadata
 import math
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from minfer.backends import BACKEND_CHOICES
+from minfer.chat_template import resolve_chat_template
+from minfer.chat_template_builtins import BUILTIN_TEMPLATES
+from minfer.errors import TemplateError
 from minfer.sampler import SamplingParams
 from minfer.threads import default_threads
 
@@ -109,8 +113,30 @@ def float_value(text: str) -> float:
     return value
 
 
+def chat_template_value(text: str) -> Path | str:
+    """--chat-template: the template file a value names, else the built-in template it names (`minfer.load` reads
+    either as `chat_template`); anything else is refused with the built-ins' names."""
+    try:
+        choice = resolve_chat_template(text)
+    except TemplateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return choice if isinstance(choice, Path) else choice.name
+
+
+def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
+    """--chat-template FILE: a Jinja chat template, or a built-in's name, instead of the model file's own."""
+    parser.add_argument(
+        "--chat-template",
+        type=chat_template_value,
+        metavar="FILE",
+        help="a Jinja chat template file to use instead of the model's, or a built-in template: "
+        f"{', '.join(BUILTIN_TEMPLATES)} (an existing file of that name comes first)",
+    )
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--backend, -c/--ctx-size and -t/--threads: how to load the model (the arguments of `minfer.load`)."""
+    """--backend, -c/--ctx-size, -t/--threads and --chat-template: how to load the model (the arguments of
+    `minfer.load`)."""
     parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="where to run (default: auto)")
     parser.add_argument(
         "-c", "--ctx-size", type=positive_int, help="context size in tokens (default: min(4096, model's))"
@@ -121,6 +147,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help=f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)",
     )
+    add_chat_template_option(parser)
 
 
 # llama.cpp's sampling flags: the flag, the SamplingParams field it sets, its value type, its help.
