@@ -177,14 +177,6 @@ class BenchResult:
         return self.weight_bytes_per_token * self.avg_ts / 1e9
 
 
-def fill_context(engine: Engine, context: list[int]) -> None:
-    """Empty the cache, then prefill `context` into it and wait for the device (all untimed)."""
-    engine.reset()
-    if context:
-        program, _ = engine.prefill(context)
-        program.argmax("logits")
-
-
 def timed_run(
     engine: Engine, context: list[int], prompt: list[int], first_token: int, n_gen: int, announce: Announce
 ) -> int:
@@ -236,9 +228,11 @@ def run_test(
     first = int(rng.integers(0, vocab))
 
     def run(announce: Announce) -> int:
+        engine.reset()
         if context:
             announce("depth")
-        fill_context(engine, context)
+            program, _ = engine.prefill(context)
+            program.argmax("logits")  # waits for the device: the depth's prefill stays out of the timed run
         return timed_run(engine, context, prompt, first, test.n_gen, announce)
 
     if warmup:
@@ -295,10 +289,7 @@ SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL"}
 
 def record(result: BenchResult) -> dict[str, str | int | float | None]:
     """The result's FIELDS, as typed values."""
-    values: dict[str, str | int | float | None] = {"cpu_info": cpu_info()}
-    for field in list(FIELDS)[1:]:
-        values[field] = getattr(result, field)
-    return values
+    return {"cpu_info": cpu_info(), **{field: getattr(result, field) for field in list(FIELDS)[1:]}}
 
 
 def format_size(nbytes: int) -> str:
@@ -309,11 +300,11 @@ def format_params(n: int) -> str:
     return f"{n / 1e6:.2f} M" if n < 1e9 else f"{n / 1e9:.2f} B"
 
 
-def text_value(value: str | int | float | None) -> str:
-    """A value as llama-bench writes it in csv and sql: floats with six decimals (C's %f), nothing for none."""
-    if value is None:
-        return ""
-    return f"{value:f}" if isinstance(value, float) else str(value)
+def quoted(value: str | int | float | None, quote: str) -> str:
+    """A value as llama-bench writes it in csv and sql: floats with six decimals (C's %f), nothing for none, in
+    `quote`s (inner ones doubled: llama-bench writes a model name with a quote as broken SQL)."""
+    text = "" if value is None else f"{value:f}" if isinstance(value, float) else str(value)
+    return quote + text.replace(quote, 2 * quote) + quote
 
 
 class Printer(ABC):
@@ -350,11 +341,8 @@ class MarkdownPrinter(Printer):
         return MARKDOWN_WIDTHS.get(column, max(len(column), 10))
 
     def line(self, cells: Iterable[tuple[str, int]]) -> None:
-        self.out(
-            "|"
-            + "".join(f" {cell:<{-width}} |" if width < 0 else f" {cell:>{width}} |" for cell, width in cells)
-            + "\n"
-        )
+        row = "".join(f" {cell:<{-width}} |" if width < 0 else f" {cell:>{width}} |" for cell, width in cells)
+        self.out("|" + row + "\n")
 
     def header(self) -> None:
         self.line((column, self.width(column)) for column in self.columns)
@@ -386,8 +374,7 @@ class CsvPrinter(Printer):
         self.out(",".join(FIELDS) + "\n")
 
     def test(self, result: BenchResult) -> None:
-        quoted = ('"' + text_value(value).replace('"', '""') + '"' for value in record(result).values())
-        self.out(",".join(quoted) + "\n")
+        self.out(",".join(quoted(value, '"') for value in record(result).values()) + "\n")
 
 
 def json_record(result: BenchResult) -> dict[str, object]:
@@ -428,11 +415,7 @@ class SqlPrinter(Printer):
         self.out(f"CREATE TABLE IF NOT EXISTS llama_bench (\n{columns}\n);\n\n")
 
     def test(self, result: BenchResult) -> None:
-        # Quotes doubled: llama-bench writes a model name with a quote as broken SQL.
-        values = ", ".join(
-            "NULL" if value is None else "'" + text_value(value).replace("'", "''") + "'"
-            for value in record(result).values()
-        )
+        values = ", ".join("NULL" if value is None else quoted(value, "'") for value in record(result).values())
         self.out(f"INSERT INTO llama_bench ({', '.join(FIELDS)}) VALUES ({values});\n")
 
 
@@ -441,18 +424,14 @@ OUTPUT_FORMATS = ("csv", "json", "jsonl", "md", "sql", "none")
 
 def make_printer(output_format: str, out: Callable[[str], None], *, threads_column: bool) -> Printer | None:
     """The printer of a -o/-oe format writing through `out`; None for `none`."""
-    printers: dict[str, Callable[[], Printer]] = {
-        "md": lambda: MarkdownPrinter(out, threads_column=threads_column),
-        "csv": lambda: CsvPrinter(out),
-        "json": lambda: JsonPrinter(out),
-        "jsonl": lambda: JsonlPrinter(out),
-        "sql": lambda: SqlPrinter(out),
-    }
     if output_format == "none":
         return None
+    if output_format == "md":
+        return MarkdownPrinter(out, threads_column=threads_column)
+    printers = {"csv": CsvPrinter, "json": JsonPrinter, "jsonl": JsonlPrinter, "sql": SqlPrinter}
     if output_format not in printers:
         raise MinferError(f"unknown output format '{output_format}' (choose from {', '.join(OUTPUT_FORMATS)})")
-    return printers[output_format]()
+    return printers[output_format](out)
 
 
 # -- llama-bench's command line -------------------------------------------------------------------
@@ -629,11 +608,14 @@ def parse_main_gpu(text: str) -> list[int]:
     return values
 
 
+DEVICE_CHOICE = "minfer picks its device with --backend (cpu, or cuda: the first visible GPU)"
+
+
 def parse_devices(text: str) -> list[str]:
     """-dev: `auto` is what minfer does; a device list is refused (minfer picks its device with --backend)."""
     items = list_items(text)
     if any(item != "auto" for item in items):
-        raise ValueError("refused: minfer picks its device with --backend (cpu, or cuda: the first visible GPU)")
+        raise ValueError(f"refused: {DEVICE_CHOICE}")
     return items
 
 
@@ -653,6 +635,16 @@ class IgnoredFlag:
     reason: str  # why it changes nothing in minfer
 
 
+def choice_flag(options: tuple[str, ...], choices: str, reason: str) -> IgnoredFlag:
+    """An ignored flag whose values are among `choices` (`a|b|c`, also its metavar)."""
+    return IgnoredFlag(options, choices, parse_choices(*choices.split("|")), reason)
+
+
+def bool_flag(options: tuple[str, ...], reason: str) -> IgnoredFlag:
+    """An ignored flag whose values are 0 or 1."""
+    return IgnoredFlag(options, "0|1", parse_bools, reason)
+
+
 @dataclass(frozen=True)
 class RefusedFlag:
     options: tuple[str, ...]
@@ -665,12 +657,7 @@ ONE_DEVICE = "minfer runs a model on one device: there is nothing to split or sp
 LOAD_ONLY = "minfer memory-maps the file and reads every weight at load; how does not change the timed runs"
 NO_PINNING = "minfer does not pin or schedule threads (run the command under taskset, nice or chrt for that)"
 IGNORED_FLAGS = (
-    IgnoredFlag(
-        ("--numa",),
-        "distribute|isolate|numactl",
-        parse_choices("distribute", "isolate", "numactl"),
-        "minfer does not place memory or threads on NUMA nodes",
-    ),
+    choice_flag(("--numa",), "distribute|isolate|numactl", "minfer does not place memory or threads on NUMA nodes"),
     IgnoredFlag(("--prio",), "-1|0|1|2|3", parse_int_in(-1, 3), NO_PINNING),
     IgnoredFlag(("-v", "--verbose"), None, None, "minfer writes no logs to make verbose"),
     IgnoredFlag(
@@ -696,7 +683,7 @@ IGNORED_FLAGS = (
     ),
     IgnoredFlag(("-ctv", "--cache-type-v"), "TYPE", parse_choices(*KV_TYPES), "as -ctk"),
     IgnoredFlag(("-C", "--cpu-mask"), "HEX[,HEX...]", parse_cpu_masks, NO_PINNING),
-    IgnoredFlag(("--cpu-strict",), "0|1", parse_bools, NO_PINNING),
+    bool_flag(("--cpu-strict",), NO_PINNING),
     IgnoredFlag(
         ("--poll",), "0...100", at_most(100, "polling level"), "numpy's BLAS threads have no polling level to set"
     ),
@@ -712,14 +699,10 @@ IGNORED_FLAGS = (
         parse_int_range,
         "minfer runs dense models: there are no expert weights to keep on the CPU",
     ),
-    IgnoredFlag(
-        ("-sm", "--split-mode"), "none|layer|row|tensor", parse_choices("none", "layer", "row", "tensor"), ONE_DEVICE
-    ),
+    choice_flag(("-sm", "--split-mode"), "none|layer|row|tensor", ONE_DEVICE),
     IgnoredFlag(("-mg", "--main-gpu"), "0", parse_main_gpu, "the cuda backend runs on device 0; another is refused"),
-    IgnoredFlag(
+    bool_flag(
         ("-nkvo", "--no-kv-offload"),
-        "0|1",
-        parse_bools,
         "the KV cache lives with the weights; 1 on the cuda backend (a host cache) is refused",
     ),
     IgnoredFlag(
@@ -731,39 +714,25 @@ IGNORED_FLAGS = (
     IgnoredFlag(
         ("-dev", "--device"), "auto", parse_devices, "minfer picks its device with --backend; a device list is refused"
     ),
-    IgnoredFlag(
-        ("-lm", "--load-mode"),
-        "auto|none|mmap|mlock|mmap+mlock|dio",
-        parse_choices("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
-        LOAD_ONLY,
-    ),
-    IgnoredFlag(("-lzm", "--lazy-mode"), "on|auto|off", parse_choices("on", "auto", "off"), LOAD_ONLY),
-    IgnoredFlag(("-mmp", "--mmap"), "0|1", parse_bools, LOAD_ONLY),
-    IgnoredFlag(("-dio", "--direct-io"), "0|1", parse_bools, LOAD_ONLY),
+    choice_flag(("-lm", "--load-mode"), "auto|none|mmap|mlock|mmap+mlock|dio", LOAD_ONLY),
+    choice_flag(("-lzm", "--lazy-mode"), "on|auto|off", LOAD_ONLY),
+    bool_flag(("-mmp", "--mmap"), LOAD_ONLY),
+    bool_flag(("-dio", "--direct-io"), LOAD_ONLY),
     IgnoredFlag(("-embd", "--embeddings"), "0", parse_embeddings, "minfer computes logits; 1 (embeddings) is refused"),
     IgnoredFlag(("-ts", "--tensor-split"), "TS0/TS1/...", parse_tensor_split, ONE_DEVICE),
-    IgnoredFlag(
+    bool_flag(
         ("-nopo", "--no-op-offload"),
-        "0|1",
-        parse_bools,
         "the cuda backend holds every weight on the GPU: no op has host weights to offload",
     ),
-    IgnoredFlag(("--no-host",), "0|1", parse_bools, "minfer's weights go straight to the backend's own memory"),
-    IgnoredFlag(
-        ("--repack",),
-        "0|1",
-        parse_bools,
-        "the CPU backend dequantizes every weight to float32 at load: there is no layout to repack",
+    bool_flag(("--no-host",), "minfer's weights go straight to the backend's own memory"),
+    bool_flag(
+        ("--repack",), "the CPU backend dequantizes every weight to float32 at load: there is no layout to repack"
     ),
 )
 
 NOT_DOWNLOADED = "minfer bench does not download models: give a .gguf path or a known name (see minfer pull)"
 REFUSED_FLAGS = (
-    RefusedFlag(
-        ("--list-devices",),
-        None,
-        "minfer picks its device with --backend (cpu, or cuda: the first visible GPU); there is no list",
-    ),
+    RefusedFlag(("--list-devices",), None, f"{DEVICE_CHOICE}; there is no list"),
     RefusedFlag(("-rpc", "--rpc"), "SERVERS", "minfer has no RPC backend: the model runs on this machine"),
     RefusedFlag(("-hf", "-hfr", "--hf-repo"), "REPO", NOT_DOWNLOADED),
     RefusedFlag(("-hff", "--hf-file"), "FILE", NOT_DOWNLOADED),

@@ -56,17 +56,13 @@ class StopMatcher:
     def feed(self, text: str, *, final: bool = False) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was reached)."""
         self.pending += text
-        if not self.stops:
-            out, self.pending = self.pending, ""
-            return out, False
         hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
         if hits:
             out, self.pending = self.pending[: min(hits)], ""
             return out, True
-        if final:
-            out, self.pending = self.pending, ""
-            return out, False
-        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        hold = 0  # the longest tail that may be the start of a stop string, unless no text comes after it
+        if not final:
+            hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
         cut = len(self.pending) - hold
         out, self.pending = self.pending[:cut], self.pending[cut:]
         return out, False

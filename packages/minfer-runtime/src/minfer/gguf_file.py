@@ -23,6 +23,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
@@ -38,25 +39,17 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS: ggml tensors have at most four axes
 MAX_ELEMENTS = 1 << 62  # a tensor's element count must fit ggml's int64 arithmetic with room to spare
 
-# Tensor types this engine can dequantize on the CPU (through gguf.quants).
+# Tensor types this engine can dequantize on the CPU (through gguf.quants): the floats, the legacy and K-quant
+# blocks, and the non-linear 4-bit ones.
 SUPPORTED_TYPES = frozenset(
-    {
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q2_K,
-        GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-        GGMLQuantizationType.IQ4_NL,
-        GGMLQuantizationType.IQ4_XS,
-    }
+    GGMLQuantizationType[name]
+    for family in (
+        ("F32", "F16", "BF16"),
+        ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"),
+        ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+        ("IQ4_NL", "IQ4_XS"),
+    )
+    for name in family
 )
 
 # Fixed-size value types: struct format and size in bytes.
@@ -73,18 +66,7 @@ _SCALARS: dict[GGUFValueType, tuple[str, int]] = {
     GGUFValueType.INT64: ("<q", 8),
     GGUFValueType.FLOAT64: ("<d", 8),
 }
-INTEGER_TYPES = frozenset(
-    {
-        GGUFValueType.UINT8,
-        GGUFValueType.INT8,
-        GGUFValueType.UINT16,
-        GGUFValueType.INT16,
-        GGUFValueType.UINT32,
-        GGUFValueType.INT32,
-        GGUFValueType.UINT64,
-        GGUFValueType.INT64,
-    }
-)
+INTEGER_TYPES = frozenset(t for t in _SCALARS if t.name.startswith(("INT", "UINT")))
 FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
 _MISSING: Any = object()
 
@@ -387,18 +369,6 @@ class GGUFFile:
     def get_str(self, key: str, default: Any = _MISSING) -> str:
         return self._typed(key, default, frozenset({GGUFValueType.STRING}), "a string")
 
-    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
-        return self._typed(key, default, frozenset({GGUFValueType.BOOL}), "a bool")
-
-    def get_array(self, key: str, element: frozenset[GGUFValueType], kind: str, default: Any = _MISSING) -> list:
-        """An array key whose elements have one of the `element` types (`kind` names them in errors)."""
-        value = self._typed(key, default, frozenset({GGUFValueType.ARRAY}), f"an array of {kind}")
-        if value is not default and self.value_types[key].element not in element:
-            raise ModelFileError(
-                f"{self.path}: metadata key '{key}' is {self.value_types[key]}; expected an array of {kind}"
-            )
-        return value
-
     # -- tensors ----------------------------------------------------------------------------------
 
     def tensor(self, name: str) -> TensorInfo:
@@ -409,9 +379,7 @@ class GGUFFile:
 
     def quant_mix(self) -> dict[str, int]:
         """How many tensors of each type the file holds, most frequent first."""
-        counts: dict[str, int] = {}
-        for t in self.tensors.values():
-            counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+        counts = Counter(t.qtype.name for t in self.tensors.values())
         return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def n_parameters(self) -> int:

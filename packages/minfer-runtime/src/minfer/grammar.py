@@ -58,8 +58,7 @@ class Grammar:
     @classmethod
     def json_object(cls) -> Grammar:
         """Any JSON object (OpenAI's `{"type": "json_object"}`, Ollama's `format: "json"`)."""
-        grammar = cls.json_schema({"type": "object"})
-        return cls("JSON object", grammar.definition)
+        return cls("JSON object", cls.json_schema({"type": "object"}).definition)
 
 
 def one_line(message: str) -> str:

@@ -25,15 +25,6 @@ class BlockFormat:
     block_size: int
     type_size: int
 
-    @property
-    def bits_per_value(self) -> float:
-        return 8.0 * self.type_size / self.block_size
-
-    def row_bytes(self, n_values: int) -> int:
-        if n_values % self.block_size:
-            raise ValueError(f"{self.qtype.name} rows need a multiple of {self.block_size} values, got {n_values}")
-        return n_values // self.block_size * self.type_size
-
 
 def block_format(qtype: GGMLQuantizationType) -> BlockFormat:
     block_size, type_size = GGML_QUANT_SIZES[qtype]

@@ -37,12 +37,8 @@ class SamplingParams:
             if name == "seed" and value is None:
                 continue
             # Checked before the ranges: comparing a str or None with a number would be a TypeError.
-            if name in INTEGER_FIELDS:
-                ok, what = isinstance(value, Integral) and not isinstance(value, bool), "an integer"
-            else:
-                ok, what = isinstance(value, Real) and not isinstance(value, bool), "a finite number"
-                ok = ok and math.isfinite(value)
-            if not ok:
+            kind, what = (Integral, "an integer") if name in INTEGER_FIELDS else (Real, "a finite number")
+            if not isinstance(value, kind) or isinstance(value, bool) or (kind is Real and not math.isfinite(value)):
                 raise MinferError(f"invalid sampling parameter {name}={value!r}: not {what}")
         checks = {
             "temperature": self.temperature >= 0,

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import traceback
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 CASE_SECONDS = 20  # a case that takes longer hangs: a synthetic model loads and runs in well under a second
 WORKER_MEMORY = 4 << 30  # address space of a worker: the default model on the CPU needs ~1 GiB
 HUGE = (2**32, 2**62, 2**64 - 1)  # counts and lengths no file can back
+# Tensor type ids written over a record's: unknown, unsupported, and two that do not match the stored bytes.
+PATCHED_TYPE_IDS = (99, *(int(GGMLQuantizationType[name]) for name in ("IQ2_XXS", "F32", "Q4_0")))
 LOAD_ERRORS = ("ModelFileError", "TokenizerError", "TemplateError")  # refusals of the file: they name it
 
 
@@ -118,12 +119,7 @@ def mutations(source: Path, rng: np.random.Generator, n_flips: int, limit: int |
         axis = int(rng.integers(n_dims))
         for dim in (0, 2**32, 2**62, int(fld.parts[3][axis]) + 32):
             add(f"{tensor.name}: axis {axis} = {dim}", (int(offsets[3]) + 8 * axis, _u64(dim)))
-        for type_id in (
-            99,
-            int(GGMLQuantizationType.IQ2_XXS),
-            int(GGMLQuantizationType.F32),
-            int(GGMLQuantizationType.Q4_0),
-        ):
+        for type_id in PATCHED_TYPE_IDS:
             add(f"{tensor.name}: type {type_id}", (int(offsets[4]), _u32(type_id)))
         data_offset = int(fld.parts[5][0])
         for offset in (data_offset + 1, data_offset + 32, 2**63, 0):
@@ -133,9 +129,8 @@ def mutations(source: Path, rng: np.random.Generator, n_flips: int, limit: int |
             twin = twins[int(rng.integers(len(twins)))]
             add(f"{tensor.name}: renamed {twin} (a duplicate)", (int(offsets[1]), twin.encode().hex()))
         add(f"{tensor.name}: renamed (missing)", (int(offsets[1]), b"X".hex()))
-        boundaries.add(int(tensor.data_offset))
-        boundaries.add(int(tensor.data_offset + tensor.n_bytes))
         start = int(tensor.data_offset)
+        boundaries.update((start, start + int(tensor.n_bytes)))
         if tensor.tensor_type is GGMLQuantizationType.F32:
             for bad in (np.nan, np.inf, -np.inf):
                 add(f"{tensor.name}: {bad} in its data", (start, np.float32(bad).tobytes().hex()))
@@ -192,8 +187,6 @@ def run_case(case: Case, path: Path) -> Result:
         return Result(case.name, "ran")
     except MinferError as exc:
         return _refusal(case, path, type(exc).__name__, str(exc))
-    except CaseTimeout:
-        return Result(case.name, "hang", f"more than {CASE_SECONDS} s")
     except Exception as exc:  # the defect this campaign exists to find
         return Result(case.name, "traceback", traceback.format_exc(limit=8)[-3000:], type(exc).__name__)
 
@@ -269,17 +262,12 @@ class Campaign:
         return "\n".join(lines)
 
 
-def _chunks(cases: list[Case], n: int) -> Iterator[list[Case]]:
-    for start in range(n):
-        yield cases[start::n]
-
-
 def run_campaign(cases: list[Case], workers: int = 2, timeout: float = 600.0) -> Campaign:
     """Run `cases` over `workers` processes; a worker that dies costs the case it was running (a crash) and
     is replaced for the rest of its cases."""
     campaign = Campaign()
     with tempfile.TemporaryDirectory() as folder:
-        pending = [list(chunk) for chunk in _chunks(cases, workers) if chunk]
+        pending = [chunk for chunk in (cases[start::workers] for start in range(workers)) if chunk]
         while pending:
             running = []
             for number, chunk in enumerate(pending):

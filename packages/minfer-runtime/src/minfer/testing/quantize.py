@@ -55,11 +55,8 @@ def _half_bytes(d: np.ndarray) -> np.ndarray:
 
 
 def quantize_q4_k(values: np.ndarray) -> np.ndarray:
-    """Rows of float32 (length a multiple of 256) -> Q4_K bytes: 144 per 256 values.
-
-    A super-block is 8 sub-blocks of 32 values, each x ≈ d·sc·q − dmin·m with q in 0..15 and
-    6-bit sc, m; d and dmin are float16.
-    """
+    """Rows of float32 (length a multiple of 256) -> Q4_K bytes: 144 per 256 values. 8 sub-blocks of 32, each
+    x ≈ d·sc·q − dmin·m with q in 0..15 and 6-bit sc, m; d and dmin are float16."""
     d, dmin, sc, m, q = _min_max_codes(values, 8, 15, 63)
     pairs = q.reshape(-1, 4, 2, 32)  # 32 bytes per pair of sub-blocks, the first in the low nibbles
     codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
@@ -81,10 +78,8 @@ def quantize_q5_k(values: np.ndarray) -> np.ndarray:
 
 def _two_bit_codes(q: np.ndarray) -> np.ndarray:
     """Q2_K's and Q3_K's 64 bytes of 2-bit codes: value 128h + 32s + j in bits 2s of byte 32h + j."""
-    parts = q.reshape(-1, 2, 4, 32).astype(np.uint8)
-    return np.bitwise_or.reduce(parts << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None], axis=2).reshape(
-        -1, 64
-    )
+    parts = q.reshape(-1, 2, 4, 32).astype(np.uint8) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    return np.bitwise_or.reduce(parts, axis=2).reshape(-1, 64)
 
 
 def quantize_q2_k(values: np.ndarray) -> np.ndarray:
@@ -159,12 +154,8 @@ def quantize_iq4_xs(values: np.ndarray) -> np.ndarray:
 
 
 def quantize_q6_k(values: np.ndarray) -> np.ndarray:
-    """Rows of float32 (length a multiple of 256) -> Q6_K bytes: 210 per 256 values.
-
-    A super-block is 16 sub-blocks of 16 values, x ≈ d·sc·(q − 32) with q in 0..63, an int8 sc per
-    sub-block and a float16 d.
-    """
-    rows = values.shape[0]
+    """Rows of float32 (length a multiple of 256) -> Q6_K bytes: 210 per 256 values. 16 sub-blocks of 16,
+    x ≈ d·sc·(q − 32) with q in 0..63, an int8 sc per sub-block and a float16 d."""
     sub = values.reshape(-1, 16, 16).astype(np.float32)
     scale = np.abs(sub).max(axis=-1) / 31.0
     d = (scale.max(axis=-1) / 127.0).astype(np.float16)
@@ -179,7 +170,7 @@ def quantize_q6_k(values: np.ndarray) -> np.ndarray:
     blocks = np.concatenate(
         [ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), d.view(np.uint8).reshape(-1, 2)], axis=1
     )
-    return blocks.reshape(rows, -1)
+    return blocks.reshape(values.shape[0], -1)
 
 
 # The types gguf.quants dequantizes but cannot quantize, and the block each quantizer needs.

@@ -1,5 +1,5 @@
 """The CUDA backend (needs the minfer-kernels package and an NVIDIA GPU).
 
 `backend.py` imports `minfer_kernels`; the runtime imports it only when the CUDA backend is asked for
-(`backends.create_backend`). The graph analyses the backend runs (`gemm_groups.py`) need no kernels.
+(`backends.create_backend`). Its graph rewrites (`fuse.py`) need no kernels.
 """

@@ -41,12 +41,9 @@ KERNEL_TYPES = frozenset(mk.GGMLType)  # the weight and table formats the kernel
 MAX_ROWS_PER_LAUNCH = 65535  # rows sit on a grid's y axis
 
 
-def replay_enabled() -> bool:
-    return os.environ.get("MINFER_NO_CUDA_GRAPH", "") in ("", "0")
-
-
-def op_timing_enabled() -> bool:
-    return os.environ.get("MINFER_OP_TIMING", "") not in ("", "0")
+def env_flag(name: str) -> bool:
+    """Whether the environment variable `name` is set to anything but empty or 0."""
+    return os.environ.get(name, "") not in ("", "0")
 
 
 class CudaCompiledGraph(CompiledGraph):
@@ -70,7 +67,8 @@ class CudaCompiledGraph(CompiledGraph):
         self.launches = [self.bind(node) for node in graph.nodes]
         self.runs = 0
         tokens = graph.inputs.get("tokens")
-        self.replays = replay_enabled() and tokens is not None and tokens.shape[0] == 1  # decode graphs only
+        decode = tokens is not None and tokens.shape[0] == 1  # only one-token graphs are replayed
+        self.replays = decode and not env_flag("MINFER_NO_CUDA_GRAPH")
         self.cuda_graph: mk.CudaGraph | None = None
 
     def ptr(self, tensor: Tensor) -> int:
@@ -140,8 +138,7 @@ class CudaCompiledGraph(CompiledGraph):
         self.backend.timer.measure([node.op.value for node in self.graph.nodes], events)
 
     def read(self, tensor: Tensor) -> np.ndarray:
-        buffer = self.slots[self.plan.slot_of[tensor.name]]
-        return self.backend.readback.read(buffer, tensor.nbytes, np.dtype(np.float32), tensor.shape)
+        return self.backend.readback.read(self.storage(tensor), tensor.nbytes, np.dtype(np.float32), tensor.shape)
 
     def argmax(self, tensor: Tensor) -> int:
         """The greedy pick on the device: only 4 bytes come back."""
@@ -180,7 +177,7 @@ class CudaBackend(Backend):
         self.pool = ScratchPool()
         self.staging = StagingRing(self.stream)
         self.readback = Readback(self.stream)
-        self.timer = OpTimer() if op_timing_enabled() else None
+        self.timer = OpTimer() if env_flag("MINFER_OP_TIMING") else None
 
     def supports(self, op: enum.Enum) -> bool:
         return op in BINDERS
