@@ -78,7 +78,7 @@ def prefill_cases(
                 f"attention prefill {n_tokens} tokens",
                 4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
                 lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens: kernels.attention_prefill_f32(
-                    q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, n, h
+                    q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, n, HEAD_DIM**-0.5, 0, h
                 ),
             )
         )
@@ -182,7 +182,7 @@ def main() -> None:
                 8 * kv_len * kv_dim,
                 lambda: kernels.attention_decode_f32(
                     q, k_cache, v_cache, attn_out, length.ptr, workspace.ptr,
-                    HEADS, KV_HEADS, HEAD_DIM, kv_len, n_splits, h,
+                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, h,
                 ),
             )
         )  # fmt: skip

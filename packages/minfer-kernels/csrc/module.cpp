@@ -228,6 +228,15 @@ void bind_kernels(nb::module_& k) {
                     "scale"_a, "n"_a, "stream"_a);
     MINFER_LAUNCHER(k, "silu_f32", launch_silu_f32, "x[i] = x[i] / (1 + exp(-x[i])), in place.", "x"_a, "n"_a,
                     "stream"_a);
+    MINFER_LAUNCHER(k, "gelu_f32", launch_gelu_f32,
+                    "x[i] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh GELU, in place.", "x"_a,
+                    "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "softcap_f32", launch_softcap_f32, "x[i] = cap * tanh(x[i] / cap), in place; cap > 0.",
+                    "x"_a, "cap"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "slice_f32", launch_slice_f32,
+                    "out[r][i] = x[r*in_stride + start + i] for rows x width: columns start..start+width-1 of each "
+                    "row; rows <= 65535.",
+                    "x"_a, "out"_a, "rows"_a, "width"_a, "in_stride"_a, "start"_a, "stream"_a);
     MINFER_LAUNCHER(k, "swiglu_f32", launch_swiglu_f32,
                     "out[r][i] = silu(gate[r*in_stride + i]) * up[r*in_stride + i] for rows x d; rows <= 65535.",
                     "gate"_a, "up"_a, "out"_a, "rows"_a, "d"_a, "in_stride"_a, "stream"_a);
@@ -271,7 +280,7 @@ void bind_kernels(nb::module_& k) {
     MINFER_LAUNCHER(k, "gemv_int8", launch_gemv_int8,
                     "gemv's function on the integer tensor cores (gemv takes this path itself for outputs of many rows "
                     "where the weight allows: gemv.cu MANY_ROWS): x times the norm weight in three int8 parts per 32-value block, W of type Q4_0, Q4_1, "
-                    "Q5_0 or Q8_0, 16-byte aligned, staged through shared memory by the copy engine; refused on "
+                    "Q5_0, Q5_1, Q8_0 or IQ4_NL, 16-byte aligned, staged through shared memory by the copy engine; refused on "
                     "GPUs older than sm_90.",
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
@@ -295,16 +304,18 @@ void bind_kernels(nb::module_& k) {
                     "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "n_tokens"_a, "kv_dim"_a, "n_ctx"_a,
                     "stream"_a);
     MINFER_LAUNCHER(k, "attention_decode_f32", launch_attention_decode_f32,
-                    "One query token over cache rows 0..kv_len-1, kv_len read from a device int32: "
-                    "q/out [n_heads*head_dim], caches [n_ctx][n_kv_heads*head_dim]; the cache is cut in "
-                    "n_splits pieces merged through `workspace` (attention_decode_workspace_bytes).",
+                    "One query token over cache rows 0..kv_len-1 (the last `window` of them; 0: all), kv_len read "
+                    "from a device int32, scores scale * q.k: q/out [n_heads*head_dim], caches "
+                    "[n_ctx][n_kv_heads*head_dim]; the cache is cut in n_splits pieces merged through `workspace` "
+                    "(attention_decode_workspace_bytes).",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "kv_len"_a, "workspace"_a, "n_heads"_a,
-                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "n_splits"_a, "stream"_a);
+                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "scale"_a, "window"_a, "n_splits"_a, "stream"_a);
     MINFER_LAUNCHER(k, "attention_prefill_f32", launch_attention_prefill_f32,
                     "Causal attention: query t (q/out [n_tokens][n_heads*head_dim]) over cache rows "
-                    "0..positions[t]; positions: device int32 [n_tokens].",
+                    "0..positions[t] (the last `window` of them; 0: all), scores scale * q.k; positions: device "
+                    "int32 [n_tokens].",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
-                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "stream"_a);
+                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "scale"_a, "window"_a, "stream"_a);
     MINFER_LAUNCHER(k, "argmax_f32", launch_argmax_f32,
                     "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",

@@ -26,8 +26,27 @@ INT_POISON = -12345
 
 GGUF_TYPES = {kernel_type: gguf.GGMLQuantizationType[kernel_type.name] for kernel_type in mk.GGMLType}
 
-# Rows of these are whole 256-value super-blocks; gguf.quants decodes them but cannot encode them.
-K_QUANTS = (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K)
+# Rows of these are whole 256-value super-blocks.
+SUPER_BLOCK_TYPES = (
+    mk.GGMLType.Q2_K,
+    mk.GGMLType.Q3_K,
+    mk.GGMLType.Q4_K,
+    mk.GGMLType.Q5_K,
+    mk.GGMLType.Q6_K,
+    mk.GGMLType.IQ4_XS,
+)
+
+# The types gguf.quants decodes but cannot encode (tests make random valid blocks of them, random_blocks), each
+# with where its float16 scales sit in a block: (first byte, how many), as in ggml-common.h's block structs.
+HALF_SCALES = {
+    mk.GGMLType.IQ4_NL: (0, 1),  # d, then the nibbles
+    mk.GGMLType.Q2_K: (80, 2),  # the scales and quants, then d and dmin
+    mk.GGMLType.Q3_K: (108, 1),  # hmask, quants and scales, then d
+    mk.GGMLType.Q4_K: (0, 2),  # d and dmin, then the scales and quants
+    mk.GGMLType.Q5_K: (0, 2),
+    mk.GGMLType.Q6_K: (208, 1),  # quants and scales, then d
+    mk.GGMLType.IQ4_XS: (0, 1),  # d, then the scales and nibbles
+}
 
 
 def to_device(array: np.ndarray, stream: mk.Stream) -> mk.DeviceBuffer:
@@ -103,21 +122,18 @@ def quantize(weights: np.ndarray, ggml_type: mk.GGMLType) -> tuple[np.ndarray, n
     return raw, values
 
 
-def random_k_quant(
-    rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType
-) -> tuple[np.ndarray, np.ndarray]:
-    """(GGUF bytes [rows][row_bytes] of random valid super-blocks, their values from gguf.quants.dequantize).
+def random_blocks(rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes [rows][row_bytes] of random valid blocks, their values from gguf.quants.dequantize).
 
-    Every byte is random (quants, high bits, packed 6-bit scales and mins, Q6_K's int8 scales) except the
-    float16 super-block scales (Q4_K's d and dmin, Q6_K's d), drawn from N(0, 0.01^2): random bits there
-    would give infinities and NaNs, and ~0.01 keeps the values within a few tens.
+    Every byte is random (quants, high bits, packed scales and mins, sub-block scales) except the float16
+    scales (HALF_SCALES), drawn from N(0, 0.01^2): random bits there would give infinities and NaNs, and ~0.01
+    keeps the values within a few tens.
     """
     qtype = GGUF_TYPES[ggml_type]
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-    assert n % block_values == 0, f"{ggml_type.name} rows are whole {block_values}-value super-blocks, not {n} values"
+    assert n % block_values == 0, f"{ggml_type.name} rows are whole {block_values}-value blocks, not {n} values"
     blocks = rng.integers(0, 256, (rows, n // block_values, block_bytes), dtype=np.uint8)
-    # Where the float16 scales sit: d, dmin first in a Q4_K block; d last in a Q6_K block.
-    first, count = (0, 2) if ggml_type == mk.GGMLType.Q4_K else (block_bytes - 2, 1)
+    first, count = HALF_SCALES[ggml_type]
     scales = (rng.standard_normal((rows, n // block_values, count)) * 0.01).astype(np.float16)
     blocks[..., first : first + 2 * count] = scales.view(np.uint8)
     raw = blocks.reshape(rows, -1)
@@ -130,9 +146,9 @@ def random_weights(
     rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType, scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """(GGUF bytes, their values) of a random [rows][n] weight: N(0, scale^2) values through quantize, or
-    random super-blocks for the K-quants (random_k_quant; `scale` does not apply)."""
-    if ggml_type in K_QUANTS:
-        return random_k_quant(rng, rows, n, ggml_type)
+    random valid blocks for the types gguf.quants cannot encode (random_blocks; `scale` does not apply)."""
+    if ggml_type in HALF_SCALES:
+        return random_blocks(rng, rows, n, ggml_type)
     return quantize(randn(rng, rows, n, scale=scale), ggml_type)
 
 
@@ -172,17 +188,20 @@ def rope(x, positions, n_heads, head_dim, n_rot, inv_freq, mscale, mode):
     return out.reshape(x.shape), scale.reshape(x.shape)
 
 
-def attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim):
-    """Causal GQA attention over the cache: query t sees rows 0..positions[t]; float64 softmax."""
+def attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, scale=None, window=0):
+    """Causal GQA attention over the cache: query t sees rows 0..positions[t] (the last `window` of them when
+    it is not 0), scores scale * q.k (scale: 1/sqrt(head_dim) by default); float64 softmax."""
     n_tokens = q.shape[0]
     group = n_heads // n_kv_heads
+    scale = 1 / np.sqrt(head_dim) if scale is None else scale
     out = np.empty((n_tokens, n_heads, head_dim))
     qh = q.reshape(n_tokens, n_heads, head_dim).astype(np.float64)
     for t, position in enumerate(positions):
-        keys = k_cache[: position + 1].reshape(position + 1, n_kv_heads, head_dim).astype(np.float64)
-        values = v_cache[: position + 1].reshape(position + 1, n_kv_heads, head_dim).astype(np.float64)
+        first = max(0, position - window + 1) if window else 0
+        keys = k_cache[first : position + 1].reshape(-1, n_kv_heads, head_dim).astype(np.float64)
+        values = v_cache[first : position + 1].reshape(-1, n_kv_heads, head_dim).astype(np.float64)
         for h in range(n_heads):
-            scores = keys[:, h // group, :] @ qh[t, h] / np.sqrt(head_dim)
+            scores = keys[:, h // group, :] @ qh[t, h] * scale
             weights = np.exp(scores - scores.max())
             out[t, h] = weights @ values[:, h // group, :] / weights.sum()
     return out.reshape(n_tokens, n_heads * head_dim)

@@ -1,8 +1,8 @@
 """The KV store and attention (decode and prefill) against a float64 reference.
 
-Cache rows that no query may see are poisoned with NaN: a kernel that reads past its causal limit
-produces NaN and fails. Error bound: |out - ref| <= 2e-5 * max |V| (the output is a convex combination
-of V rows; float32 scores, expf and sums).
+Cache rows that no query may see are poisoned with NaN: a kernel that reads past its causal limit, or
+before the start of its sliding window, produces NaN and fails. Error bound: |out - ref| <= 2e-5 * max |V|
+(the output is a convex combination of V rows; float32 scores, expf and sums).
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ def test_decode_attention(rng, stream, dev, n_heads, n_kv_heads, head_dim, kv_le
         n_kv_heads,
         head_dim,
         N_CTX,
+        1 / np.sqrt(head_dim),
+        0,
         n_splits,
         stream.handle,
     )
@@ -103,7 +105,7 @@ def test_decode_attention_odd_head_sizes(rng, stream, dev, n_heads, n_kv_heads, 
     workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(n_heads, head_dim, 64))
     kernels.attention_decode_f32(
         dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr,
-        n_heads, n_kv_heads, head_dim, N_CTX, 64, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, 64, stream.handle,
     )  # fmt: skip
     got = from_device(out, q.shape, np.float32, stream)
     expected = attention(q, k_cache, v_cache, [kv_len - 1], n_heads, n_kv_heads, head_dim)
@@ -122,7 +124,7 @@ def test_decode_attention_reuses_its_workspace(rng, stream, dev):
         out = poisoned(q.shape, np.float32, stream)
         kernels.attention_decode_f32(
             dev(q), k_dev, v_dev, out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr,
-            n_heads, n_kv_heads, head_dim, N_CTX, n_splits, stream.handle,
+            n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, n_splits, stream.handle,
         )  # fmt: skip
         got = from_device(out, q.shape, np.float32, stream)
         expected = attention(q, k_cache, v_cache, [kv_len - 1], n_heads, n_kv_heads, head_dim)
@@ -157,6 +159,8 @@ def test_prefill_attention_is_causal_by_position(rng, stream, dev, n_heads, n_kv
         n_kv_heads,
         head_dim,
         N_CTX,
+        1 / np.sqrt(head_dim),
+        0,
         stream.handle,
     )
     got = from_device(out, q.shape, np.float32, stream)
@@ -177,7 +181,7 @@ def test_prefill_attention_over_a_long_prompt(rng, stream, dev, n_heads, n_kv_he
     out = poisoned(q.shape, np.float32, stream)
     kernels.attention_prefill_f32(
         dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(positions), 600,
-        n_heads, n_kv_heads, head_dim, N_CTX, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, stream.handle,
     )  # fmt: skip
     got = from_device(out, q.shape, np.float32, stream)
     expected = attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim)
@@ -188,9 +192,9 @@ def test_prefill_attention_refuses_misaligned_buffers(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p = buffer.ptr
     with pytest.raises(ValueError, match="16-byte aligned"):
-        kernels.attention_prefill_f32(p + 4, p, p, p, p, 1, 2, 2, 64, 16, stream.handle)
+        kernels.attention_prefill_f32(p + 4, p, p, p, p, 1, 2, 2, 64, 16, 0.125, 0, stream.handle)
     with pytest.raises(ValueError, match="n_tokens must be positive"):
-        kernels.attention_prefill_f32(p, p, p, p, p, 0, 2, 2, 64, 16, stream.handle)
+        kernels.attention_prefill_f32(p, p, p, p, p, 0, 2, 2, 64, 16, 0.125, 0, stream.handle)
 
 
 def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
@@ -205,11 +209,11 @@ def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
     position_dev = to_device(np.array([kv_len - 1], np.int32), stream)
     kernels.attention_decode_f32(
         q_dev.ptr, k_dev.ptr, v_dev.ptr, by_decode.ptr, kv_len_dev.ptr, workspace.ptr,
-        n_heads, n_kv_heads, head_dim, N_CTX, 16, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, 16, stream.handle,
     )  # fmt: skip
     kernels.attention_prefill_f32(
         q_dev.ptr, k_dev.ptr, v_dev.ptr, by_prefill.ptr, position_dev.ptr, 1,
-        n_heads, n_kv_heads, head_dim, N_CTX, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, stream.handle,
     )  # fmt: skip
     decode = from_device(by_decode, q.shape, np.float32, stream)
     prefill = from_device(by_prefill, q.shape, np.float32, stream)

@@ -3,7 +3,9 @@
 Error bounds (relative to |reference|):
     add, mul, scale   2^-24: one correctly rounded float32 operation on float32 inputs
     silu, swiglu      1e-6:  expf (2 ulp) plus a few rounded operations
-    add_bias          2^-24
+    gelu, softcap     2e-6 of max(|reference|, 1): tanhf (2 ulp) of a rounded argument; near gelu's zero
+                      crossing the error is absolute, the product of the rounding of x and of tanh
+    add_bias, slice   2^-24 (slice copies: exact)
 """
 
 from __future__ import annotations
@@ -83,3 +85,48 @@ def test_add_bias_to_every_row(rng, stream, dev, rows, d):
     buffer = to_device(y, stream)
     kernels.add_bias_f32(buffer.ptr, dev(bias), rows, d, stream.handle)
     assert_close(from_device(buffer, (rows, d), np.float32, stream), y.astype(np.float64) + bias, ONE_ROUNDING)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_gelu_in_place(rng, stream, n):
+    x = randn(rng, n, scale=4.0)
+    buffer = to_device(x, stream)
+    kernels.gelu_f32(buffer.ptr, n, stream.handle)
+    expected = gelu_tanh(x)
+    scale = np.maximum(np.abs(expected), 1.0)
+    assert_close(from_device(buffer, n, np.float32, stream), expected, 2e-6, scale=scale, what="gelu")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_softcap_in_place(rng, stream, n):
+    cap = 30.0
+    x = randn(rng, n, scale=60.0)  # far past the cap too: the tails flatten toward +-cap
+    buffer = to_device(x, stream)
+    kernels.softcap_f32(buffer.ptr, cap, n, stream.handle)
+    expected = cap * np.tanh(x.astype(np.float64) / cap)
+    scale = np.maximum(np.abs(expected), 1.0)
+    assert_close(from_device(buffer, n, np.float32, stream), expected, 2e-6, scale=scale, what="softcap")
+
+
+def test_softcap_refuses_a_cap_that_is_not_positive(stream):
+    with pytest.raises(ValueError, match="cap must be a positive finite number"):
+        kernels.softcap_f32(0, 0.0, 1, stream.handle)
+
+
+@pytest.mark.parametrize(("rows", "width", "in_stride", "start"), [(1, 896, 1152, 0), (1, 128, 1152, 1024),
+                                                                    (33, 4864, 9728, 4864), (7, 1, 3, 2)])  # fmt: skip
+def test_slice_copies_a_column_range_of_every_row(rng, stream, dev, rows, width, in_stride, start):
+    x = randn(rng, rows, in_stride)
+    out = poisoned((rows, width), np.float32, stream)
+    kernels.slice_f32(dev(x), out.ptr, rows, width, in_stride, start, stream.handle)
+    np.testing.assert_array_equal(from_device(out, (rows, width), np.float32, stream), x[:, start : start + width])
+
+
+def test_slice_refuses_columns_outside_the_row(stream):
+    with pytest.raises(ValueError, match="must lie inside a row"):
+        kernels.slice_f32(0, 0, 1, 8, 16, 9, stream.handle)

@@ -1,16 +1,18 @@
 """Embedding lookup and matrix products, reading weights in their GGUF byte layout.
 
-Tables and weights are random, quantized with gguf.quants.quantize (for Q4_K and Q6_K, which it cannot
-encode: random valid super-blocks, kernel_testing.random_k_quant); the reference is computed from
-gguf.quants.dequantize of those same bytes, so the kernels are checked against GGUF's own decoder.
+Tables and weights are random, quantized with gguf.quants.quantize (for the types it cannot encode, IQ4_NL,
+the K-quants and IQ4_XS: random valid blocks, kernel_testing.random_blocks, every bit of their quants and
+sub-block scales random); the reference is computed from gguf.quants.dequantize of those same bytes, so the
+kernels are checked against GGUF's own decoder.
 
 Error bounds:
     embed_rows   exact: bit-identical to gguf.quants.dequantize for every type
     matmul       |y - y_ref| <= rtol * sum_i |W[o,i] x[t,i]| (the condition of a float32 dot product),
                  rtol per type below: every decoded weight is exact in float32, so what remains is the
-                 float32 accumulation of up to 4864 products (Q4_1 adds m * sum(x), a second product, and
-                 so does Q4_K with -dmin * min * sum(x); Q6_K's (d * scale) * q, factored as
-                 (d * scale) * sum(q x), moves each product by at most one float32 rounding).
+                 float32 accumulation of up to 4864 products (Q4_1 and Q5_1 add m * sum(x), a second
+                 product, and so do Q2_K, Q4_K and Q5_K with -dmin * min * sum(x); the other super-block
+                 formats' (d * scale) * q, factored as (d * scale) * sum(q x), moves each product by at most
+                 one float32 rounding).
 """
 
 from __future__ import annotations
@@ -21,25 +23,48 @@ import secrets
 
 import numpy as np
 import pytest
-from kernel_testing import K_QUANTS, assert_close, from_device, poisoned, randn, random_weights, requires_gpu, to_device
+from kernel_testing import (
+    SUPER_BLOCK_TYPES,
+    assert_close,
+    from_device,
+    poisoned,
+    randn,
+    random_weights,
+    requires_gpu,
+    to_device,
+)
 
 import minfer_kernels as mk
 from minfer_kernels import kernels
 
 pytestmark = requires_gpu
 
-QUANTIZED = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0)  # 32-value blocks
-FLOATS = (mk.GGMLType.F32, mk.GGMLType.F16)
+QUANTIZED = (  # 32-value blocks
+    mk.GGMLType.Q4_0,
+    mk.GGMLType.Q4_1,
+    mk.GGMLType.Q5_0,
+    mk.GGMLType.Q5_1,
+    mk.GGMLType.Q8_0,
+    mk.GGMLType.IQ4_NL,
+)
+FLOATS = (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16)
 
 MATMUL_RTOL = {
     mk.GGMLType.F32: 1e-5,
     mk.GGMLType.F16: 1e-5,
+    mk.GGMLType.BF16: 1e-5,
     mk.GGMLType.Q4_0: 1e-5,
     mk.GGMLType.Q4_1: 5e-5,
     mk.GGMLType.Q5_0: 1e-5,
+    mk.GGMLType.Q5_1: 5e-5,
     mk.GGMLType.Q8_0: 1e-5,
+    mk.GGMLType.IQ4_NL: 1e-5,
+    mk.GGMLType.Q2_K: 5e-5,
+    mk.GGMLType.Q3_K: 1e-5,
     mk.GGMLType.Q4_K: 5e-5,
+    mk.GGMLType.Q5_K: 5e-5,
     mk.GGMLType.Q6_K: 1e-5,
+    mk.GGMLType.IQ4_XS: 1e-5,
 }
 
 _session_rng = np.random.default_rng(int(os.environ.get("MINFER_TEST_SEED") or secrets.randbits(32)))
@@ -57,11 +82,11 @@ def case_id(value) -> str:
 
 
 # (n_rows, d): the vocabulary-sized table is a narrow one, so every row index up to 151935 is exercised;
-# the K-quants' rows are whole 256-value super-blocks, so theirs are the same tables at widths they allow
+# the super-block types' rows are whole 256-value super-blocks, so theirs are the same tables at widths they allow
 EMBED_SHAPES = [(151936, 64), (4097, 896), (33, 32)]
-K_QUANT_EMBED_SHAPES = [(151936, 256), (4097, 4864), (33, 256)]
+SUPER_BLOCK_EMBED_SHAPES = [(151936, 256), (4097, 4864), (33, 256)]
 EMBED_CASES = [(t, shape) for t in FLOATS + QUANTIZED for shape in EMBED_SHAPES] + [
-    (t, shape) for t in K_QUANTS for shape in K_QUANT_EMBED_SHAPES
+    (t, shape) for t in SUPER_BLOCK_TYPES for shape in SUPER_BLOCK_EMBED_SHAPES
 ]
 
 
@@ -91,13 +116,13 @@ def test_embed_rows_of_odd_width_float_tables(rng, stream, dev, ggml_type):
 # (in_features, out_features)
 FLOAT_SHAPES = [(1, 1), (33, 33), (896, 4097), (4864, 896), (128, 151936), (4097, 5)]
 QUANTIZED_SHAPES = [(32, 1), (896, 33), (896, 4864), (4864, 896), (128, 151936), (1024, 4097)]
-# the K-quants' counterparts: one super-block, an odd number of them (every other 210-byte Q6_K row on a
-# 2-byte boundary), ffn_up-like, ffn_down, the vocabulary, and an odd row count
-K_QUANT_SHAPES = [(256, 1), (1280, 33), (1024, 4864), (4864, 896), (256, 151936), (1024, 4097)]
+# the super-block types' counterparts: one super-block, an odd number of them (every other 110-byte Q3_K and
+# 210-byte Q6_K row on a 2-byte boundary), ffn_up-like, ffn_down, the vocabulary, and an odd row count
+SUPER_BLOCK_SHAPES = [(256, 1), (1280, 33), (1024, 4864), (4864, 896), (256, 151936), (1024, 4097)]
 MATMUL_CASES = (
     [(t, shape) for t in FLOATS for shape in FLOAT_SHAPES]
     + [(t, shape) for t in QUANTIZED for shape in QUANTIZED_SHAPES]
-    + [(t, shape) for t in K_QUANTS for shape in K_QUANT_SHAPES]
+    + [(t, shape) for t in SUPER_BLOCK_TYPES for shape in SUPER_BLOCK_SHAPES]
 )
 
 
@@ -138,12 +163,23 @@ def test_matmul_reads_unaligned_float_rows(rng, stream, dev):
     assert_close(from_device(y, (3, 33), np.float32, stream), expected, 1e-5, scale=condition)
 
 
-@pytest.mark.parametrize("ggml_type", K_QUANTS, ids=lambda t: t.name)
-def test_k_quant_rows_must_be_whole_super_blocks(stream, ggml_type):
+@pytest.mark.parametrize("ggml_type", QUANTIZED + SUPER_BLOCK_TYPES, ids=lambda t: t.name)
+def test_rows_must_be_whole_blocks(stream, ggml_type):
+    """A row length that splits into no whole number of the type's blocks is refused by every launcher that
+    reads weights, before anything reaches CUDA, with the rule for that type: 3.5 blocks, a multiple of 8
+    and of 16 (gemv's and gemm's own steps), so only the block is wrong."""
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
-    with pytest.raises(ValueError, match=r"launch_embed_rows refused .*of 256 for Q4_K/Q6_K"):
-        kernels.embed_rows(p, ggml_type, p, p, 1, 128, 4, h)
-    with pytest.raises(ValueError, match=r"launch_matmul refused .*of 256 for Q4_K/Q6_K"):
-        kernels.matmul(p, ggml_type, p, p, 896, 4, 8, h)
+    super_block = ggml_type in SUPER_BLOCK_TYPES
+    n = 7 * (128 if super_block else 16)  # 896 or 112 values
+    blocks = "256-value super-blocks" if super_block else "32-value blocks"
+    rule = rf"{ggml_type.name}[^(]*\(rows of whole {blocks}\)"  # the type's name, then its block
+    with pytest.raises(ValueError, match=rf"launch_embed_rows refused .*{rule}"):
+        kernels.embed_rows(p, ggml_type, p, p, 1, n, 4, h)
+    with pytest.raises(ValueError, match=rf"launch_matmul refused .*{rule}"):
+        kernels.matmul(p, ggml_type, p, p, n, 4, 8, h)
+    with pytest.raises(ValueError, match=rf"launch_gemv refused .*{rule}"):
+        kernels.gemv(p, ggml_type, p, 0, 1e-6, 0, p, n, 4, h)
+    with pytest.raises(ValueError, match=rf"launch_gemm refused .*{rule}"):
+        kernels.gemm(p, ggml_type, p, p, n, 4, 16, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending

@@ -52,22 +52,24 @@ def test_an_empty_grid_is_an_invalid_launch(stream):
 def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
-    with pytest.raises(ValueError, match=r"launch_matmul refused its arguments: .*multiple of 32"):
+    with pytest.raises(
+        ValueError, match=r"launch_matmul refused its arguments: .*Q4_0.* \(rows of whole 32-value blocks\)"
+    ):
         kernels.matmul(p, mk.GGMLType.Q4_0, p, p, 33, 4, 1, h)
     with pytest.raises(ValueError, match=r"launch_matmul refused .*16-byte aligned"):
         kernels.matmul(p, mk.GGMLType.Q8_0, p + 4, p, 32, 4, 1, h)
     with pytest.raises(ValueError, match="launch_embed_rows refused"):
-        kernels.embed_rows(p, 10, p, p, 1, 256, 4, h)  # type 10 is Q2_K
+        kernels.embed_rows(p, 16, p, p, 1, 256, 4, h)  # type 16 is IQ2_XXS, which no kernel reads
     with pytest.raises(ValueError, match="n_rot must be even"):
         kernels.rope_f32(p, p, 1, 2, 64, 63, p, 1.0, kernels.ROPE_NEOX, h)
     with pytest.raises(ValueError, match="mode must be"):
         kernels.rope_f32(p, p, 1, 2, 64, 64, p, 1.0, 1, h)
     with pytest.raises(ValueError, match="head_dim must be a multiple of 32"):
-        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, h)
+        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, 0.125, 0, h)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 4, h)
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 0.125, 0, 4, h)
     with pytest.raises(ValueError, match="n_splits"):
-        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0, h)
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0.125, 0, 0, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 

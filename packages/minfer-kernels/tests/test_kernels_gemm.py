@@ -1,12 +1,13 @@
 """The tensor-core GEMM (prefill matrix products) against a float64 reference.
 
-Weights are random, quantized with gguf.quants.quantize (Q4_K and Q6_K: random valid super-blocks,
-kernel_testing.random_k_quant); the reference multiplies gguf.quants.dequantize of those bytes by x in
-float64. Shapes are chosen to leave partial tiles everywhere: token counts that are not multiples of the
-64- or 128-token tiles, output features that are not multiples of 64, and in_features = 32 * 37, whose
-odd number of 18-, 22- or 34-byte blocks puts every other weight row on a 2-byte boundary. The K-quants
-need in_features in whole 256-value super-blocks; their shapes play the same roles (256 * 5: an odd number
-of 210-byte Q6_K blocks), plus 1024 -> 4864, whose 512-token products take the 128 x 128 tiles.
+Weights are random, quantized with gguf.quants.quantize (the types it cannot encode, IQ4_NL, the K-quants
+and IQ4_XS: random valid blocks, kernel_testing.random_blocks); the reference multiplies
+gguf.quants.dequantize of those bytes by x in float64. Shapes are chosen to leave partial tiles everywhere:
+token counts that are not multiples of the 64- or 128-token tiles, output features that are not multiples
+of 64, and in_features = 32 * 37, whose odd number of 18-, 22- or 34-byte blocks puts every other weight row
+on a 2-byte boundary. The super-block types need in_features in whole 256-value super-blocks; their shapes
+play the same roles (256 * 5: an odd number of 110-byte Q3_K and 210-byte Q6_K blocks), plus 1024 -> 4864,
+whose 512-token products take the 128 x 128 tiles.
 
 Error bounds. The kernel rounds both operands to f16 (unit roundoff u = 2^-11) and sums in float32:
     elementwise  |y - y_ref| <= 2^-9 * sum_i |W[o,i] x[t,i]|: each product carries at most two f16
@@ -24,9 +25,18 @@ import functools
 import os
 import secrets
 
+import gguf
 import numpy as np
 import pytest
-from kernel_testing import K_QUANTS, assert_close, from_device, poisoned, randn, random_weights, requires_gpu
+from kernel_testing import (
+    SUPER_BLOCK_TYPES,
+    assert_close,
+    from_device,
+    poisoned,
+    randn,
+    random_weights,
+    requires_gpu,
+)
 
 import minfer_kernels as mk
 from minfer_kernels import kernels
@@ -48,10 +58,10 @@ def weights(ggml_type: mk.GGMLType, rows: int, n: int) -> tuple[np.ndarray, np.n
 # (in_features, out_features): Qwen2.5-0.5B's ffn_up and ffn_down, an odd block count with an output that
 # fills no tile, and the smallest product (one K step, 33 outputs).
 SHAPES = [(896, 4864), (4864, 896), (32 * 37, 1000), (32, 33)]
-# The K-quants': ffn_down, ffn_up-like, an odd super-block count, one super-block (eight K steps).
-K_QUANT_SHAPES = [(4864, 896), (1024, 4864), (256 * 5, 1000), (256, 33)]
-GEMM_CASES = [(t, shape) for t in mk.GGMLType if t not in K_QUANTS for shape in SHAPES] + [
-    (t, shape) for t in K_QUANTS for shape in K_QUANT_SHAPES
+# The super-block types': ffn_down, ffn_up-like, an odd super-block count, one super-block (eight K steps).
+SUPER_BLOCK_SHAPES = [(4864, 896), (1024, 4864), (256 * 5, 1000), (256, 33)]
+GEMM_CASES = [(t, shape) for t in mk.GGMLType if t not in SUPER_BLOCK_TYPES for shape in SHAPES] + [
+    (t, shape) for t in SUPER_BLOCK_TYPES for shape in SUPER_BLOCK_SHAPES
 ]
 TOKENS = [16, 17, 33, 100, 512, 513]
 
@@ -104,13 +114,19 @@ def test_gemm_agrees_with_matmul(rng, stream, dev):
 
 
 # (type, in_features, the parts' out_features): Qwen2.5-0.5B's q|k|v (896 -> 896, 128, 128) in the types of
-# the benchmark models, two parts of which one fills no tile, and the K-quants' super-block rows.
+# the benchmark models and of the presets' fallbacks, two parts of which one fills no tile, and the super-block
+# types' rows.
 GROUP_CASES = [
     (mk.GGMLType.Q4_0, 896, (896, 128, 128)),
     (mk.GGMLType.Q8_0, 896, (896, 128, 128)),
+    (mk.GGMLType.Q5_1, 896, (896, 128, 128)),
+    (mk.GGMLType.IQ4_NL, 896, (896, 128, 128)),
     (mk.GGMLType.F16, 32 * 37, (1000, 33)),
+    (mk.GGMLType.BF16, 32 * 37, (1000, 33)),
     (mk.GGMLType.Q4_K, 1024, (64, 200, 4864)),
+    (mk.GGMLType.Q3_K, 1024, (64, 200, 4864)),
     (mk.GGMLType.Q6_K, 256 * 5, (33,)),
+    (mk.GGMLType.IQ4_XS, 256 * 5, (33,)),
 ]
 
 
@@ -151,16 +167,17 @@ def test_gemm_refuses_what_it_cannot_compute(stream):
     with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
         kernels.gemm(p, mk.GGMLType.F32, p, p, 33, 4, 16, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*type must be"):
-        kernels.gemm(p, 10, p, p, 256, 4, 16, h)  # type 10 is Q2_K
-    for k_quant in K_QUANTS:
-        with pytest.raises(ValueError, match=r"launch_gemm refused .*of 256 for Q4_K/Q6_K"):
-            kernels.gemm(p, k_quant, p, p, 32 * 9, 4, 16, h)
+        kernels.gemm(p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, h)  # a type no kernel reads
+    for super_block_type in SUPER_BLOCK_TYPES:
+        with pytest.raises(ValueError, match=r"launch_gemm refused .*whole 256-value super-blocks"):
+            kernels.gemm(p, super_block_type, p, p, 32 * 9, 4, 16, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*positive"):
         kernels.gemm(p, mk.GGMLType.Q4_0, p, p, 32, 4, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*x must be 16-byte aligned"):
         kernels.gemm(p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, h)
-    with pytest.raises(ValueError, match=r"launch_gemm refused .*weight must be 16-byte aligned"):
-        kernels.gemm(p + 4, mk.GGMLType.F16, p, p, 32, 4, 16, h)
+    for float_type in (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16):
+        with pytest.raises(ValueError, match=r"launch_gemm refused .*weight must be 16-byte aligned"):
+            kernels.gemm(p + 4, float_type, p, p, 32, 4, 16, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*4-byte aligned"):
         kernels.gemm(p + 2, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending

@@ -1,12 +1,13 @@
 """One-token GEMVs with their fused prologue and epilogues (gemv.cu), against numpy float64.
 
-Weights are random, quantized with gguf.quants.quantize; the reference multiplies gguf.quants.dequantize
-of the same bytes in float64. Error bounds, as in test_kernels_embed_matmul.py: every decoded weight is
-exact in float32, so |y - y_ref| <= rtol * sum_i |W[o,i] h[i]| (the condition of the float32 dot
-product), with MATMUL_RTOL per type; with the RMSNorm prologue h itself carries ~1e-6 of relative error,
-so the bound is 2e-5 there. The epilogues are checked on their own terms: SwiGLU against silu(g) * u of
-the float64 products, RoPE against the float64 rotation (1e-5 of |a| + |b| of the pair, bias included),
-the KV cache rows at positions[0] written and every other row left bit for bit as it was.
+Weights are random, quantized with gguf.quants.quantize (random valid blocks for the types it cannot
+encode, kernel_testing.random_blocks); the reference multiplies gguf.quants.dequantize of the same bytes in
+float64. Error bounds, as in test_kernels_embed_matmul.py: every decoded weight is exact in float32, so
+|y - y_ref| <= rtol * sum_i |W[o,i] h[i]| (the condition of the float32 dot product), with MATMUL_RTOL per
+type; with the RMSNorm prologue h itself carries ~1e-6 of relative error, so the bound is 2e-5 there. The
+epilogues are checked on their own terms: SwiGLU against silu(g) * u of the float64 products, RoPE against
+the float64 rotation (1e-5 of |a| + |b| of the pair, bias included), the KV cache rows at positions[0]
+written and every other row left bit for bit as it was.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernel_testing import (
+    SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
     poisoned,
@@ -37,23 +39,23 @@ pytestmark = requires_gpu
 EPS = 1e-6
 NORM_RTOL = 2e-5
 ALL_TYPES = list(mk.GGMLType)
-K_QUANTS = (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K)  # rows of whole 256-value super-blocks only
-QUANTIZED = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0, *K_QUANTS)
+FLOATS = (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16)
+QUANTIZED = [t for t in ALL_TYPES if t not in FLOATS]
 
 # (in_features, out_features): one block (32), a partial last warp step (896 = 3.5 steps of 256), a row
 # split over several warps (4864), the vocabulary (151936 rows, 4 per warp; narrow rows, as in the
 # matmul tests, whose cached weights these share), an odd row count on either side of 16384.
 SHAPES = [(32, 1), (896, 33), (896, 4864), (4864, 896), (128, 151936), (1024, 4097), (64, 16411)]
 # The same situations in whole super-blocks: one, split rows, an odd count past 16384.
-K_SHAPES = [(256, 1), (4864, 896), (1024, 4097), (512, 16411)]
+SUPER_BLOCK_SHAPES = [(256, 1), (4864, 896), (1024, 4097), (512, 16411)]
 TYPE_SHAPES = [
-    (t, shape) for t in ALL_TYPES for shape in (K_SHAPES if t in K_QUANTS else SHAPES)
+    (t, shape) for t in ALL_TYPES for shape in (SUPER_BLOCK_SHAPES if t in SUPER_BLOCK_TYPES else SHAPES)
 ]  # fmt: skip
 
 
 def width(ggml_type: mk.GGMLType) -> int:
-    """A row length every type reads: Qwen2.5-0.5B's 896, or 1024 for the K-quants' super-blocks."""
-    return 1024 if ggml_type in K_QUANTS else 896
+    """A row length the type reads: Qwen2.5-0.5B's 896, or 1024 for the super-block types."""
+    return 1024 if ggml_type in SUPER_BLOCK_TYPES else 896
 
 
 def references(values: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +141,15 @@ def test_gemv_swiglu(rng, stream, dev, ggml_type, d_ff):
     assert_close(got, expected, NORM_RTOL, scale=scale, what=f"swiglu {ggml_type.name}")
 
 
-INT8_TYPES = (mk.GGMLType.Q4_0, mk.GGMLType.Q4_1, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0)
+# The types launch_gemv sends to gemv_int8 for outputs of many rows: the 32-value block formats.
+INT8_TYPES = (
+    mk.GGMLType.Q4_0,
+    mk.GGMLType.Q4_1,
+    mk.GGMLType.Q5_0,
+    mk.GGMLType.Q5_1,
+    mk.GGMLType.Q8_0,
+    mk.GGMLType.IQ4_NL,
+)
 requires_sm90 = pytest.mark.skipif(
     mk.device_count() == 0 or mk.devices()[0].compute_capability < (9, 0),
     reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
@@ -196,8 +206,9 @@ def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, d
 def test_gemv_int8_refuses_what_it_cannot_read(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
-    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q4_0, Q4_1, Q5_0 or Q8_0"):
-        kernels.gemv_int8(p, mk.GGMLType.F16, p, 0, EPS, 0, p, 64, 4, h)
+    for other in (t for t in ALL_TYPES if t not in INT8_TYPES):
+        with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL"):
+            kernels.gemv_int8(p, other, p, 0, EPS, 0, p, 256, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*blocks of 32"):
         kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 48, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*fit shared memory"):
@@ -231,14 +242,23 @@ QKV_CASES = [
 ]
 
 
-# The types of Wq, Wk, Wv: one type for all three, the mixes llama-quantize's Q4_K_M makes (attn_v with
-# more bits than attn_q and attn_k; Q5_0 and Q8_0 where rows are not whole super-blocks), each compiled as a
-# pair of formats, and a mix of three types, whose groups pick among every format.
-QKV_TYPES = [(t, t, t) for t in ALL_TYPES] + [
-    (mk.GGMLType.Q5_0, mk.GGMLType.Q5_0, mk.GGMLType.Q8_0),
-    (mk.GGMLType.Q4_K, mk.GGMLType.Q4_K, mk.GGMLType.Q6_K),
-    (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16),
-]
+# The (q and k, v) type mixes llama-quantize's presets make (attn_v with more bits than attn_q and attn_k), each
+# compiled as a pair of formats (launch_gemv_qkv_rope_store lists them): in rows of whole super-blocks, and in
+# rows that are not, after llama-quantize's fallbacks (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
+# Q6_K -> Q8_0, IQ4_XS -> IQ4_NL).
+T = mk.GGMLType
+PRESET_MIXES = [
+    (T.Q2_K, T.Q3_K), (T.Q2_K, T.Q4_K), (T.Q3_K, T.Q4_K), (T.Q3_K, T.Q5_K), (T.Q4_K, T.Q5_K), (T.Q4_K, T.Q6_K),
+    (T.Q5_K, T.Q6_K), (T.IQ4_NL, T.Q5_K), (T.IQ4_XS, T.Q5_K),
+    (T.Q4_0, T.Q5_0), (T.Q4_0, T.Q5_1), (T.Q5_0, T.Q5_1), (T.Q5_0, T.Q8_0), (T.Q5_1, T.Q8_0), (T.IQ4_NL, T.Q5_1),
+]  # fmt: skip
+# The types of Wq, Wk, Wv: one type for all three, the presets' mixes, and mixes of three types, whose groups
+# pick among every format.
+QKV_TYPES = (
+    [(t, t, t) for t in ALL_TYPES]
+    + [(qk, qk, v) for qk, v in PRESET_MIXES]
+    + [(T.Q4_0, T.Q8_0, T.F16), (T.IQ4_NL, T.Q5_1, T.BF16), (T.Q3_K, T.IQ4_XS, T.Q2_K)]
+)
 
 
 @pytest.mark.parametrize(

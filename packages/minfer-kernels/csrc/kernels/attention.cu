@@ -4,8 +4,10 @@
 //     q, out             [n_tokens][n_heads * head_dim]     (q after RoPE)
 //     k_cache, v_cache   [n_ctx][n_kv_heads * head_dim]     one pair per layer, alive for the whole session
 // Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). The query at
-// position p attends to cache rows 0 .. p (causal by position) with scores q.k / sqrt(head_dim) and a
-// float32 softmax that subtracts the maximum score.
+// position p attends to cache rows 0 .. p (causal by position) with scores scale * q.k (the model's scale:
+// 1/sqrt(head_dim) for most) and a float32 softmax that subtracts the maximum score. With a sliding window
+// w > 0 it sees only the last w of them, rows p - w + 1 .. p (llama.cpp's and transformers' rule: a row
+// is masked once p - row >= w); w = 0 is no window.
 //
 // The softmax is computed online, in one pass over the rows: a running maximum m, denominator
 // l = sum_j exp(s_j - m) and accumulator a = sum_j exp(s_j - m) v_j are rescaled by exp(m_old - m_new)
@@ -44,6 +46,7 @@ constexpr int PREFILL_LANES_PER_QUERY = 8;  // lanes sharing one query: each hol
 constexpr int PREFILL_QUERIES = PREFILL_THREADS / PREFILL_LANES_PER_QUERY;  // 16 queries per block
 constexpr int PREFILL_TILE_FLOATS = 4096;   // floats of a K (and of a V) tile in shared memory: 16 KB each
 constexpr int PREFILL_CHUNK = 16;           // rows scored between two softmax updates
+constexpr float LOG2_E = 1.4426950408889634f;
 
 // K and V rows are written at their positions; rows other tokens wrote earlier stay as they are.
 __global__ void kv_store_f32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ k_cache,
@@ -85,8 +88,8 @@ struct DecodeTile {
 };
 
 // Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
-// kv_head, over one split of the cache rows 0 .. kv_len - 1 (kv_len is read here, so a captured graph
-// serves every step). A split is at least 32 rows, so a short cache is one split and one block per KV
+// kv_head, over one split of the cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
+// (kv_len is read here, so a captured graph serves every step). A split is at least 32 rows, so a short cache is one split and one block per KV
 // head; a long one is cut into gridDim.x splits (of fewer rows than a tile, if that makes them 32 or more).
 //
 // The block walks its split a tile at a time. Every K and V load of a tile is issued first (one memory
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     attention_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                      float* __restrict__ out, const int* __restrict__ kv_len_ptr, int* __restrict__ counters,
                      float4* __restrict__ partial_acc, float2* __restrict__ partial_stats, int group_size, int kv_dim,
-                     int n_ctx, float score_scale) {
+                     int n_ctx, float score_scale, int window) {
     using Tile = DecodeTile<HEAD_DIM>;
     constexpr int ROW_CHUNKS = Tile::ROW_CHUNKS;
     const int split = blockIdx.x;
@@ -117,10 +120,13 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     // The host writes kv_len before the step; no kernel does, so it may be read before the wait.
     const int kv_len = *kv_len_ptr;
     if (kv_len < 1 || kv_len > n_ctx) __trap();
-    const int rows_per_split = max(DECODE_ROWS_PER_STEP, ceil_div(kv_len, n_splits));
-    const int n_active = ceil_div(kv_len, rows_per_split);
+    // The one query is the newest token, at position kv_len - 1: it sees rows visible_from .. kv_len - 1.
+    const int visible_from = window > 0 ? max(0, kv_len - window) : 0;
+    const int visible = kv_len - visible_from;
+    const int rows_per_split = max(DECODE_ROWS_PER_STEP, ceil_div(visible, n_splits));
+    const int n_active = ceil_div(visible, rows_per_split);
     if (split >= n_active) return;  // a short cache leaves most splits empty
-    const int first = split * rows_per_split;
+    const int first = visible_from + split * rows_per_split;
     const int end = min(kv_len, first + rows_per_split);
     const float* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
     const float* v_head = v_cache + std::size_t(kv_head) * HEAD_DIM;
@@ -371,14 +377,14 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
     attention_prefill_tiled(const float* __restrict__ q, const float* __restrict__ k_cache,
                             const float* __restrict__ v_cache, float* __restrict__ out,
                             const int* __restrict__ positions, int n_tokens, int n_heads, int group_size, int kv_dim,
-                            int n_ctx, float score_scale) {
+                            int n_ctx, float score_scale, int window) {
     constexpr int CHUNKS_PER_LANE = HEAD_DIM / (4 * PREFILL_LANES_PER_QUERY);  // float4 chunks each lane holds
     constexpr int ROW_CHUNKS = HEAD_DIM / 4;                                   // float4 chunks of one row
     constexpr int TILE_ROWS = PREFILL_TILE_FLOATS / HEAD_DIM / PREFILL_CHUNK * PREFILL_CHUNK;
     static_assert(TILE_ROWS >= PREFILL_CHUNK, "a tile holds at least one chunk of rows");
     __shared__ __align__(16) float4 k_tile[TILE_ROWS * ROW_CHUNKS];
     __shared__ __align__(16) float4 v_tile[TILE_ROWS * ROW_CHUNKS];
-    __shared__ int block_rows;
+    __shared__ int block_rows, block_first_row;
 
     const int head = blockIdx.x;
     const int query_tile = gridDim.y - 1 - blockIdx.y;  // the last queries, which see the most rows, start first
@@ -388,9 +394,18 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
     const int position = active ? positions[token] : -1;
     if (active && (position < 0 || position >= n_ctx)) __trap();
 
-    if (threadIdx.x == 0) block_rows = 0;
+    // The block walks the rows its queries see: from the first row the earliest one's window starts at
+    // (0 without a window) to the last query's position.
+    const int first_visible = window > 0 ? max(0, position - window + 1) : 0;
+    if (threadIdx.x == 0) {
+        block_rows = 0;
+        block_first_row = n_ctx;
+    }
     __syncthreads();
-    if (active && slice == 0) atomicMax(&block_rows, position + 1);
+    if (active && slice == 0) {
+        atomicMax(&block_rows, position + 1);
+        atomicMin(&block_first_row, first_visible);
+    }
     __syncthreads();
     const int rows = block_rows;
 
@@ -410,7 +425,7 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
     float denominator = 0.0f;
 
     const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
-    for (int first_row = 0; first_row < rows; first_row += TILE_ROWS) {
+    for (int first_row = block_first_row; first_row < rows; first_row += TILE_ROWS) {
         const int tile_rows = min(TILE_ROWS, rows - first_row);
         __syncthreads();  // every thread is done with the previous tile
         for (int i = threadIdx.x; i < TILE_ROWS * ROW_CHUNKS; i += PREFILL_THREADS) {
@@ -440,11 +455,12 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
 #pragma unroll
                 for (int offset = PREFILL_LANES_PER_QUERY / 2; offset > 0; offset /= 2)
                     dot += __shfl_xor_sync(FULL_WARP, dot, offset);
-                scores[r] = first_row + chunk_row + r <= position ? dot : -INFINITY;
+                const int row = first_row + chunk_row + r;
+                scores[r] = row <= position && row >= first_visible ? dot : -INFINITY;
                 chunk_max = fmaxf(chunk_max, scores[r]);
             }
             const float new_max = fmaxf(max_score, chunk_max);
-            if (new_max == -INFINITY) continue;  // no visible row yet (only a query past n_tokens): nothing to add
+            if (new_max == -INFINITY) continue;  // no visible row yet (before its window, or a query past n_tokens)
             const float rescale = exp2f(max_score - new_max);  // exp2(-inf) = 0 the first time
             denominator *= rescale;
 #pragma unroll
@@ -482,26 +498,27 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
 
 template <int HEAD_DIM>
 cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_cache, float* out,
-                           const int* positions, int n_tokens, int n_heads, int n_kv_heads, int n_ctx,
-                           cudaStream_t stream) {
-    constexpr float LOG2_E = 1.4426950408889634f;
-    const float score_scale = LOG2_E / std::sqrt(float(HEAD_DIM));
+                           const int* positions, int n_tokens, int n_heads, int n_kv_heads, int n_ctx, float scale,
+                           int window, cudaStream_t stream) {
+    const float score_scale = LOG2_E * scale;  // scores in log2 units: exp2f weights
     // grid.x: the query head; grid.y: ceil(n_tokens / 16) tiles of 16 queries (n_tokens <= 16 * 65535), run
     // last tile first. Consecutive blocks are the heads of one query tile: the heads sharing a KV head read
     // the same K/V rows at about the same time, from L2.
     const dim3 grid(n_heads, ceil_div(n_tokens, PREFILL_QUERIES));
     attention_prefill_tiled<HEAD_DIM><<<grid, PREFILL_THREADS, 0, stream>>>(
         q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_heads / n_kv_heads, n_kv_heads * HEAD_DIM, n_ctx,
-        score_scale);
+        score_scale, window);
     return cudaGetLastError();
 }
 
 // The preconditions both attention launchers share.
-cudaError_t check_heads(int n_heads, int n_kv_heads, int head_dim) {
+cudaError_t check_attention(int n_heads, int n_kv_heads, int head_dim, float scale, int window) {
     if (head_dim % WARP_SIZE != 0 || head_dim <= 0 || head_dim > MAX_HEAD_DIM)
         return minfer_refuse("head_dim must be a multiple of 32 between 32 and 256");
     if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads != 0)
         return minfer_refuse("n_heads must be a positive multiple of n_kv_heads");
+    if (!(scale > 0.0f) || !std::isfinite(scale)) return minfer_refuse("scale must be a positive finite number");
+    if (window < 0) return minfer_refuse("window must be 0 (none) or positive");
     return cudaSuccess;
 }
 
@@ -526,16 +543,17 @@ extern "C" std::size_t attention_decode_workspace_bytes(int n_heads, int head_di
 
 extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache,
                                                    float* out, const int* kv_len, float* workspace, int n_heads,
-                                                   int n_kv_heads, int head_dim, int n_ctx, int n_splits,
-                                                   cudaStream_t stream) {
-    if (const cudaError_t refused = check_heads(n_heads, n_kv_heads, head_dim); refused != cudaSuccess) return refused;
+                                                   int n_kv_heads, int head_dim, int n_ctx, float scale, int window,
+                                                   int n_splits, cudaStream_t stream) {
+    if (const cudaError_t refused = check_attention(n_heads, n_kv_heads, head_dim, scale, window);
+        refused != cudaSuccess)
+        return refused;
     if (n_splits < 1 || n_splits > MAX_SPLITS) return minfer_refuse("n_splits must be between 1 and 256");
     if (n_heads / n_kv_heads > DECODE_MAX_GROUP) return minfer_refuse("n_heads / n_kv_heads must be at most 16");
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16) ||
         !is_aligned(workspace, 16))
         return minfer_refuse("q, k_cache, v_cache, out and workspace must be 16-byte aligned (float4 loads)");
-    constexpr float LOG2_E = 1.4426950408889634f;
-    const float score_scale = LOG2_E / std::sqrt(float(head_dim));  // scores in log2 units: exp2f weights
+    const float score_scale = LOG2_E * scale;  // scores in log2 units: exp2f weights
     int* counters = reinterpret_cast<int*>(workspace);
     auto* partial_acc = reinterpret_cast<float4*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
     auto* partial_stats = reinterpret_cast<float2*>(partial_acc + std::size_t(n_heads) * n_splits * (head_dim / 4));
@@ -557,13 +575,17 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
         default: kernel = attention_decode<256>; break;
     }
     return launch_overlapped(kernel, grid, dim3(DECODE_THREADS), 0, stream, q, k_cache, v_cache, out, kv_len,
-                             counters, partial_acc, partial_stats, n_heads / n_kv_heads, kv_dim, n_ctx, score_scale);
+                             counters, partial_acc, partial_stats, n_heads / n_kv_heads, kv_dim, n_ctx, score_scale,
+                             window);
 }
 
 extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
                                                     float* out, const int* positions, int n_tokens, int n_heads,
-                                                    int n_kv_heads, int head_dim, int n_ctx, cudaStream_t stream) {
-    if (const cudaError_t refused = check_heads(n_heads, n_kv_heads, head_dim); refused != cudaSuccess) return refused;
+                                                    int n_kv_heads, int head_dim, int n_ctx, float scale, int window,
+                                                    cudaStream_t stream) {
+    if (const cudaError_t refused = check_attention(n_heads, n_kv_heads, head_dim, scale, window);
+        refused != cudaSuccess)
+        return refused;
     if (n_tokens <= 0) return minfer_refuse("n_tokens must be positive");
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16))
         return minfer_refuse("q, k_cache, v_cache and out must be 16-byte aligned (float4 loads)");
@@ -579,5 +601,5 @@ extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float*
         case 224: launch = launch_prefill<224>; break;
         default: launch = launch_prefill<256>; break;
     }
-    return launch(q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_kv_heads, n_ctx, stream);
+    return launch(q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_kv_heads, n_ctx, scale, window, stream);
 }

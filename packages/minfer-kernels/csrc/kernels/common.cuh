@@ -51,6 +51,13 @@ __device__ __forceinline__ float block_sum(float value) {
 // SiLU, the activation of the gated FFN: v / (1 + exp(-v)), the formula of the CPU reference.
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
+// GELU with the tanh approximation (transformers' gelu_pytorch_tanh, ggml's gelu), the activation of
+// Gemma's gated FFN: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), the formula of the CPU reference.
+__device__ __forceinline__ float gelu_tanh(float v) {
+    constexpr float SQRT_2_OVER_PI = 0.7978845608028654f;
+    return 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
+}
+
 // Programmatic dependent launch (Hopper, sm_90+). A decode step is ~150 short kernels in a row, and
 // between two of them the GPU drains one grid before it starts the next: a few microseconds each, a
 // large part of a step. A kernel launched with launch_overlapped may start while the kernel before it

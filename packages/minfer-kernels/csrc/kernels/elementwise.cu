@@ -6,6 +6,8 @@
 //
 // Outputs may alias inputs (out == a for a residual add, for example): each thread reads its element
 // before it writes it and touches no other element, so no pointer here is declared __restrict__.
+#include <cmath>
+
 #include "common.cuh"
 #include "launchers.h"
 
@@ -37,6 +39,28 @@ __global__ void silu_f32(float* x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     x[i] = silu(x[i]);
+}
+
+__global__ void gelu_f32(float* x, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = gelu_tanh(x[i]);
+}
+
+// Soft-capping keeps values in (-cap, cap) smoothly: Gemma's final logits.
+__global__ void softcap_f32(float* x, float cap, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
+// out[r][i] = x[r][start + i]: a column range of each row of a fused projection's output (Phi-3's q|k|v,
+// gate|up), as a contiguous [rows][width] activation.
+__global__ void slice_f32(const float* x, float* out, int width, int in_stride, int start) {
+    const int row = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    out[std::size_t(row) * width + i] = x[std::size_t(row) * in_stride + start + i];
 }
 
 // out[r][i] = silu(gate[r][i]) * up[r][i], the gated FFN activation. gate and up rows are `in_stride`
@@ -84,6 +108,29 @@ extern "C" cudaError_t launch_scale_f32(const float* x, float* out, float scale,
 extern "C" cudaError_t launch_silu_f32(float* x, int n, cudaStream_t stream) {
     // grid.x: ceil(n / 256) blocks; one thread per element.
     silu_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(x, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_gelu_f32(float* x, int n, cudaStream_t stream) {
+    // grid.x: ceil(n / 256) blocks; one thread per element.
+    gelu_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(x, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_softcap_f32(float* x, float cap, int n, cudaStream_t stream) {
+    if (!(cap > 0.0f) || !std::isfinite(cap)) return minfer_refuse("cap must be a positive finite number");
+    // grid.x: ceil(n / 256) blocks; one thread per element.
+    softcap_f32<<<ceil_div(n, BLOCK), BLOCK, 0, stream>>>(x, cap, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_slice_f32(const float* x, float* out, int rows, int width, int in_stride, int start,
+                                        cudaStream_t stream) {
+    if (start < 0 || width < 1 || start + width > in_stride)
+        return minfer_refuse("columns start..start+width-1 must lie inside a row of in_stride values");
+    // grid.x: ceil(width / 256) column blocks of a row; grid.y: the row (token), so rows <= 65535.
+    const dim3 grid(ceil_div(width, BLOCK), rows);
+    slice_f32<<<grid, BLOCK, 0, stream>>>(x, out, width, in_stride, start);
     return cudaGetLastError();
 }
 

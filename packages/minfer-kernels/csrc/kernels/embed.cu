@@ -46,10 +46,7 @@ using namespace minfer;
 
 extern "C" cudaError_t launch_embed_rows(const void* table, int type, const int* ids, float* out, int n_tokens,
                                          int d, int n_rows, cudaStream_t stream) {
-    if (row_bytes(type, d) < 0)
-        return minfer_refuse(
-            "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and d a multiple of 32 for "
-            "Q4_0/Q4_1/Q5_0/Q8_0 or of 256 for Q4_K/Q6_K");
+    if (row_bytes(type, d) < 0) return minfer_refuse(MINFER_TYPES_AND_ROWS ", d the row length");
     if (!is_aligned(table, 4)) return minfer_refuse("table must be 4-byte aligned");
     switch (type) {
         case GGML_F32: return launch<GGML_F32>(table, ids, out, n_tokens, d, n_rows, stream);
@@ -57,9 +54,16 @@ extern "C" cudaError_t launch_embed_rows(const void* table, int type, const int*
         case GGML_Q4_0: return launch<GGML_Q4_0>(table, ids, out, n_tokens, d, n_rows, stream);
         case GGML_Q4_1: return launch<GGML_Q4_1>(table, ids, out, n_tokens, d, n_rows, stream);
         case GGML_Q5_0: return launch<GGML_Q5_0>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_Q5_1: return launch<GGML_Q5_1>(table, ids, out, n_tokens, d, n_rows, stream);
         case GGML_Q8_0: return launch<GGML_Q8_0>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_Q2_K: return launch<GGML_Q2_K>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_Q3_K: return launch<GGML_Q3_K>(table, ids, out, n_tokens, d, n_rows, stream);
         case GGML_Q4_K: return launch<GGML_Q4_K>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_Q5_K: return launch<GGML_Q5_K>(table, ids, out, n_tokens, d, n_rows, stream);
         case GGML_Q6_K: return launch<GGML_Q6_K>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_IQ4_NL: return launch<GGML_IQ4_NL>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_IQ4_XS: return launch<GGML_IQ4_XS>(table, ids, out, n_tokens, d, n_rows, stream);
+        case GGML_BF16: return launch<GGML_BF16>(table, ids, out, n_tokens, d, n_rows, stream);
         default: return minfer_refuse("no embedding kernel for this GGML type");
     }
 }

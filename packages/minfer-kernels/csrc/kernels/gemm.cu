@@ -13,8 +13,9 @@
 //   - the tensor cores multiply the f16 tiles and accumulate in float32 registers.
 //
 // Work split. The block computes a BM x BN tile of y (BM tokens by BN output features), walking K in
-// steps of 32 (one quantized block per weight row per step; for the K-quants, the 32-value slice of a
-// 256-value super-block: one Q4_K sub-block, two Q6_K sub-blocks). Each step, the block's threads
+// steps of 32 (one quantized block per weight row per step; for the K-quants and IQ4_XS, the 32-value slice
+// of a 256-value super-block: one Q4_K, Q5_K or IQ4_XS sub-block, two Q2_K, Q3_K or Q6_K sub-blocks). Each
+// step, the block's threads
 //   1. load a later step's 32 columns of x and of W from global memory into registers (raw bytes),
 //   2. multiply the current step's tiles, already in shared memory, on the tensor cores,
 //   3. decode the registers to f16 and store them into the other shared-memory buffer,
@@ -78,10 +79,11 @@ using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
 // A thread loads its part of a step's block into registers (`Raw`, step 1 above) and decodes it later
 // (step 3) into 8 words of f16 pairs: two runs of 8 consecutive weights (words 0-3, 4-7), each one 16-byte
 // store into shared memory. Run r of part p starts at column p * PART_STRIDE + r * RUN_STRIDE of the step.
-// Q4_0, Q4_1, Q5_0 and Q8_0 keep value j in the low nibble (or byte) j and value j + 16 in the high nibble
-// of byte j (or byte j + 16), so their part p is bytes 8p .. 8p + 7: columns 8p .. 8p + 7 and
-// 16 + 8p .. 16 + 8p + 7. The float formats' and the K-quants' part p is simply columns 16p .. 16p + 15
-// (a K-quant keeps a step's 32 values in 32 consecutive bytes, one nibble or two bits of each).
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (and each IQ4_XS sub-block) keep value j in the low nibble (or byte) j
+// and value j + 16 in the high nibble of byte j (or byte j + 16), so their part p is bytes 8p .. 8p + 7:
+// columns 8p .. 8p + 7 and 16 + 8p .. 16 + 8p + 7. The float formats' and the K-quants' part p is simply
+// columns 16p .. 16p + 15 (a K-quant keeps a step's 32 values in 32 consecutive bytes, a nibble or two bits of
+// each, and Q3_K and Q5_K their high bits in a bit of each of 32 more).
 //
 // Each format's `load` takes the row, the step (its 32-value block of the row) and the part. It picks
 // addresses and loads (joining two-byte words at most); all other work on the loaded bytes (unpacking
@@ -90,9 +92,9 @@ using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
 //
 // f16 bit tricks: the f16 with bits 0x6400 | n is 1024 + n exactly for n < 1024, so a byte or nibble moved
 // into the low bits of 0x6400 becomes a float without a conversion instruction; subtracting 1024 (plus the
-// format's zero point) is exact, and one multiplication by the scale rounds once. The K-quants' weights are
-// products of two scales and q (d * scale * q - dmin * min), which f16 arithmetic would round more than
-// once: they are computed in float32 as gguf.quants does (the same float32 value), then rounded to f16
+// format's zero point) is exact, and one multiplication by the scale rounds once. The K-quants' and IQ4_XS's
+// weights are products of two scales and q (d * scale * q - dmin * min), which f16 arithmetic would round more
+// than once: they are computed in float32 as gguf.quants does (the same float32 value), then rounded to f16
 // once. The float32 twin of the trick: the float with bits 0x4B000000 | n is 2^23 + n exactly (n < 2^23).
 
 __device__ __forceinline__ __half2 bits_to_half2(std::uint32_t bits) { return *reinterpret_cast<__half2*>(&bits); }
@@ -206,6 +208,37 @@ struct Q4_1Tile {
     }
 };
 
+struct Q5_1Tile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint32_t scale_and_min;
+        std::uint8_t fifth_bits[2];  // bytes p and 2 + p of qh, as Q5_0Tile's
+        std::uint32_t bytes[2];
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 24-byte blocks keep the row's 4-byte alignment (the launcher checked the base).
+        const BlockQ5_1& b = reinterpret_cast<const BlockQ5_1*>(row)[block];
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(b.qs) + 2 * part;
+        return {*reinterpret_cast<const std::uint32_t*>(&b.d), {b.qh[part], b.qh[2 + part]}, {words[0], words[1]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const __half2 scale_and_min = bits_to_half2(raw.scale_and_min);
+        const __half2 scale = __low2half2(scale_and_min);
+        const __half2 minimum = __high2half2(scale_and_min);
+        const __half2 offset = __float2half2_rn(1024.0f);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const std::uint32_t spread = spread_byte_pair(raw.bytes[k / 2], k % 2);
+            const std::uint32_t low = (spread & LOW_NIBBLES) | fifth_bit_pair(raw.fifth_bits[0], k);
+            const std::uint32_t high = ((spread >> 4) & LOW_NIBBLES) | fifth_bit_pair(raw.fifth_bits[1], k);
+            words[k] = half2_to_bits(__hfma2(__hsub2(bits_to_half2(low | F16_1024_PAIR), offset), scale, minimum));
+            words[4 + k] =
+                half2_to_bits(__hfma2(__hsub2(bits_to_half2(high | F16_1024_PAIR), offset), scale, minimum));
+        }
+    }
+};
+
 struct Q8_0Tile {
     static constexpr int PART_STRIDE = 8;
     static constexpr int RUN_STRIDE = 16;
@@ -232,10 +265,124 @@ struct Q8_0Tile {
     }
 };
 
+// d * level for the 8 int8 IQ4_NL levels of `levels` (iq4_nl_levels: bytes 0-3 of word 0, then of word 1),
+// rounded to f16 once each: words[k] holds levels 2k and 2k + 1. A signed byte, xor 0x80, is level + 128.
+__device__ __forceinline__ void scaled_levels(const std::uint32_t (&levels)[2], __half2 scale, std::uint32_t* words) {
+    const __half2 offset = __float2half2_rn(1024.0f + 128.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const std::uint32_t spread = spread_byte_pair(levels[k / 2], k % 2) ^ 0x00800080;
+        words[k] = half2_to_bits(__hmul2(__hsub2(bits_to_half2(spread | F16_1024_PAIR), offset), scale));
+    }
+}
+
+// IQ4_NL: Q4_0's nibble layout, each nibble an index into IQ4_NL_VALUES.
+struct IQ4_NLTile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint16_t scale;
+        std::uint32_t bytes[2];  // bytes 8p .. 8p + 7 of the nibbles
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 18-byte blocks: only 2-byte loads are aligned.
+        const BlockIQ4_NL& b = reinterpret_cast<const BlockIQ4_NL*>(row)[block];
+        const std::uint16_t* words = reinterpret_cast<const std::uint16_t*>(b.qs) + 4 * part;
+        return {*reinterpret_cast<const std::uint16_t*>(&b.d), {join_words(words), join_words(words + 2)}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        std::uint32_t low[2], high[2];  // the levels of columns 8p .. 8p + 7 and of 16 + the same
+        iq4_nl_levels(raw.bytes[0], low[0], high[0]);
+        iq4_nl_levels(raw.bytes[1], low[1], high[1]);
+        const __half2 scale = __half2half2(__ushort_as_half(raw.scale));
+        scaled_levels(low, scale, words);
+        scaled_levels(high, scale, words + 4);
+    }
+};
+
 // n < 2^23 as a float, through the float32 bit trick; minus `zero_point` (exact for small integers).
 __device__ __forceinline__ float small_uint_to_float(std::uint32_t n, float zero_point) {
     return __uint_as_float(0x4B000000u | n) - (8388608.0f + zero_point);
 }
+
+// Step s of a Q2_K row is the slice c = s % 8 of super-block s / 8 (values 32c .. 32c + 31): bits 2(c % 4),
+// 2(c % 4) + 1 of the qs bytes 32(c / 4) .. + 31 (the layout at BlockQ2_K), part p being sub-block 2c + p with
+// its scale and min.
+struct Q2_KTile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        std::uint32_t d_and_dmin;
+        std::uint8_t scale_and_min;  // scales[2c + p]
+        std::uint8_t shift;          // 2 (c % 4)
+        std::uint32_t bytes[4];      // qs bytes 32(c / 4) + 16p .. + 15
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 84-byte blocks keep the row's 4-byte alignment (the launcher checked the base).
+        const BlockQ2_K& b = reinterpret_cast<const BlockQ2_K*>(row)[block / 8];
+        const int slice = block % 8;
+        const std::uint32_t* q = reinterpret_cast<const std::uint32_t*>(b.qs + 32 * (slice / 4) + 16 * part);
+        return {*reinterpret_cast<const std::uint32_t*>(&b.d),
+                b.scales[2 * slice + part],
+                static_cast<std::uint8_t>(2 * (slice % 4)),
+                {q[0], q[1], q[2], q[3]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        const float2 d_and_dmin = __half22float2(bits_to_half2(raw.d_and_dmin));
+        // As Q4_K's: both products and scale * q are exact, so fmaf rounds once, to gguf.quants' float32.
+        const float scale = d_and_dmin.x * float(raw.scale_and_min & 0xF);
+        const float minimum = d_and_dmin.y * float(raw.scale_and_min >> 4);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const std::uint32_t pair = (spread_byte_pair(raw.bytes[n / 2], n % 2) >> raw.shift) & 0x00030003;
+            words[n] = half2_to_bits(__floats2half2_rn(fmaf(scale, small_uint_to_float(pair & 0xFFFF, 0.0f), -minimum),
+                                                       fmaf(scale, small_uint_to_float(pair >> 16, 0.0f), -minimum)));
+        }
+    }
+};
+
+// Step s of a Q3_K row is the slice c = s % 8 of super-block s / 8: Q2_K's two bits of each value, its third
+// bit c of the hmask bytes 16p .. 16p + 15, part p being sub-block 2c + p with its 6-bit scale.
+struct Q3_KTile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        std::uint16_t d;
+        std::uint8_t scale_bytes[2];  // scales[s % 8] and scales[8 + s % 4] of sub-block s = 2c + p
+        std::uint8_t sub_block;
+        std::uint8_t slice;
+        std::uint32_t low[4];   // qs bytes 32(c / 4) + 16p .. + 15
+        std::uint32_t high[4];  // hmask bytes 16p .. 16p + 15
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 110-byte blocks: only 2-byte loads are aligned.
+        const BlockQ3_K& b = reinterpret_cast<const BlockQ3_K*>(row)[block / 8];
+        const int slice = block % 8;
+        const int sub_block = 2 * slice + part;
+        const std::uint16_t* low = reinterpret_cast<const std::uint16_t*>(b.qs + 32 * (slice / 4) + 16 * part);
+        const std::uint16_t* high = reinterpret_cast<const std::uint16_t*>(b.hmask + 16 * part);
+        return {*reinterpret_cast<const std::uint16_t*>(&b.d),
+                {b.scales[sub_block % 8], b.scales[8 + sub_block % 4]},
+                static_cast<std::uint8_t>(sub_block),
+                static_cast<std::uint8_t>(slice),
+                {join_words(low), join_words(low + 2), join_words(low + 4), join_words(low + 6)},
+                {join_words(high), join_words(high + 2), join_words(high + 4), join_words(high + 6)}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        // d * scale is exact (11 x 6 significant bits), and so is its product with q - 4: one rounding, to f16.
+        const float scale = __half2float(__ushort_as_half(raw.d)) *
+                            float(q3_k_scale(raw.scale_bytes[0], raw.scale_bytes[1], raw.sub_block));
+        const int low_shift = 2 * (raw.slice % 4);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const std::uint32_t low = (spread_byte_pair(raw.low[n / 2], n % 2) >> low_shift) & 0x00030003;
+            const std::uint32_t high = (spread_byte_pair(raw.high[n / 2], n % 2) >> raw.slice) & 0x00010001;
+            const std::uint32_t q = low | (high << 2);  // two values + 4, in bits 0-2 and 16-18
+            words[n] = half2_to_bits(__floats2half2_rn(scale * small_uint_to_float(q & 0xFFFF, 4.0f),
+                                                       scale * small_uint_to_float(q >> 16, 4.0f)));
+        }
+    }
+};
 
 // Step s of a Q4_K row is sub-block s % 8 of super-block s / 8: 32 nibbles of qs, one scale and one min.
 struct Q4_KTile {
@@ -272,6 +419,50 @@ struct Q4_KTile {
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
             const std::uint32_t pair = (spread_byte_pair(raw.bytes[n / 2], n % 2) >> shift) & LOW_NIBBLES;
+            words[n] = half2_to_bits(__floats2half2_rn(fmaf(scale, small_uint_to_float(pair & 0xFFFF, 0.0f), -minimum),
+                                                       fmaf(scale, small_uint_to_float(pair >> 16, 0.0f), -minimum)));
+        }
+    }
+};
+
+// Step s of a Q5_K row is Q4_K's, each value with its fifth bit: bit s % 8 of the qh bytes 16p .. 16p + 15.
+struct Q5_KTile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        std::uint32_t d_and_dmin;
+        std::uint8_t scale_bytes[3];  // scales[j], scales[j + 4], scales[j + 8], j = sub_block % 4
+        std::uint8_t sub_block;
+        std::uint32_t bytes[4];  // bytes 16p .. 16p + 15 of the sub-block's 32 bytes of qs
+        std::uint32_t fifth[4];  // qh bytes 16p .. 16p + 15
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 176-byte blocks keep the row's 4-byte alignment (the launcher checked the base).
+        const BlockQ5_K& b = reinterpret_cast<const BlockQ5_K*>(row)[block / 8];
+        const int sub_block = block % 8;
+        const int j = sub_block % 4;
+        const std::uint32_t* q = reinterpret_cast<const std::uint32_t*>(b.qs + 32 * (sub_block / 2) + 16 * part);
+        const std::uint32_t* h = reinterpret_cast<const std::uint32_t*>(b.qh + 16 * part);
+        return {*reinterpret_cast<const std::uint32_t*>(&b.d),
+                {b.scales[j], b.scales[j + 4], b.scales[j + 8]},
+                static_cast<std::uint8_t>(sub_block),
+                {q[0], q[1], q[2], q[3]},
+                {h[0], h[1], h[2], h[3]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        int sub_scale, sub_min;
+        q4_k_scale_min(raw.scale_bytes[0], raw.scale_bytes[1], raw.scale_bytes[2], raw.sub_block >= 4, sub_scale,
+                       sub_min);
+        const float2 d_and_dmin = __half22float2(bits_to_half2(raw.d_and_dmin));
+        // As Q4_K's: scale * q is exact (11 x 6 x 5 significant bits), so fmaf rounds once.
+        const float scale = d_and_dmin.x * float(sub_scale);
+        const float minimum = d_and_dmin.y * float(sub_min);
+        const int shift = 4 * (raw.sub_block % 2);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const std::uint32_t low = (spread_byte_pair(raw.bytes[n / 2], n % 2) >> shift) & LOW_NIBBLES;
+            const std::uint32_t high = (spread_byte_pair(raw.fifth[n / 2], n % 2) >> raw.sub_block) & 0x00010001;
+            const std::uint32_t pair = low | (high << 4);
             words[n] = half2_to_bits(__floats2half2_rn(fmaf(scale, small_uint_to_float(pair & 0xFFFF, 0.0f), -minimum),
                                                        fmaf(scale, small_uint_to_float(pair >> 16, 0.0f), -minimum)));
         }
@@ -316,6 +507,71 @@ struct Q6_KTile {
             words[n] = half2_to_bits(__floats2half2_rn(scale * small_uint_to_float(q & 0xFFFF, 32.0f),
                                                        scale * small_uint_to_float(q >> 16, 32.0f)));
         }
+    }
+};
+
+// Step s of an IQ4_XS row is sub-block s % 8 of super-block s / 8: 16 bytes of nibbles laid out as an IQ4_NL
+// block's, and the sub-block's 6-bit scale in place of its d.
+struct IQ4_XSTile {
+    static constexpr int PART_STRIDE = 8;
+    static constexpr int RUN_STRIDE = 16;
+    struct Raw {
+        std::uint32_t d_and_scales_h;
+        std::uint8_t scales_l;  // scales_l[sub_block / 2]
+        std::uint8_t sub_block;
+        std::uint32_t bytes[2];  // bytes 8p .. 8p + 7 of the sub-block's 16
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // 136-byte blocks keep the row's 4-byte alignment (the launcher checked the base).
+        const BlockIQ4_XS& b = reinterpret_cast<const BlockIQ4_XS*>(row)[block / 8];
+        const int sub_block = block % 8;
+        const std::uint32_t* q = reinterpret_cast<const std::uint32_t*>(b.qs + 16 * sub_block + 8 * part);
+        return {*reinterpret_cast<const std::uint32_t*>(&b.d),
+                b.scales_l[sub_block / 2],
+                static_cast<std::uint8_t>(sub_block),
+                {q[0], q[1]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        // d * scale * level is exact in float32 (11 x 6 x 7 significant bits): one rounding, to f16.
+        const float scale = __half2float(__ushort_as_half(raw.d_and_scales_h & 0xFFFF)) *
+                            float(iq4_xs_scale(raw.d_and_scales_h >> 16, raw.scales_l, raw.sub_block));
+        std::uint32_t low[2], high[2];
+        iq4_nl_levels(raw.bytes[0], low[0], high[0]);
+        iq4_nl_levels(raw.bytes[1], low[1], high[1]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            // Levels as floats: a signed byte, xor 0x80, is level + 128.
+            const std::uint32_t low_pair = spread_byte_pair(low[k / 2], k % 2) ^ 0x00800080;
+            const std::uint32_t high_pair = spread_byte_pair(high[k / 2], k % 2) ^ 0x00800080;
+            words[k] = half2_to_bits(__floats2half2_rn(scale * small_uint_to_float(low_pair & 0xFFFF, 128.0f),
+                                                       scale * small_uint_to_float(low_pair >> 16, 128.0f)));
+            words[4 + k] = half2_to_bits(__floats2half2_rn(scale * small_uint_to_float(high_pair & 0xFFFF, 128.0f),
+                                                           scale * small_uint_to_float(high_pair >> 16, 128.0f)));
+        }
+    }
+};
+
+struct BF16Tile {
+    static constexpr int PART_STRIDE = 16;
+    static constexpr int RUN_STRIDE = 8;
+    struct Raw {
+        uint4 values[2];
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
+        // Rows of 32k bfloat16 are 64-byte multiples; the launcher checked the base is 16-byte aligned.
+        const uint4* vectors = reinterpret_cast<const uint4*>(row) + 4 * block + 2 * part;
+        return {{vectors[0], vectors[1]}};
+    }
+    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
+        // bfloat16 to float is exact, and so is float to f16 within f16's normal range (bfloat16's 8
+        // significant bits fit f16's 11); below 2^-14 the value rounds to f16's steps of 2^-24, beyond 65504 it
+        // becomes infinite, as F32Tile's do.
+        const std::uint32_t pairs[8] = {raw.values[0].x, raw.values[0].y, raw.values[0].z, raw.values[0].w,
+                                        raw.values[1].x, raw.values[1].y, raw.values[1].z, raw.values[1].w};
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+            words[n] = half2_to_bits(
+                __floats2half2_rn(bf16_bits_to_float(pairs[n] & 0xFFFF), __uint_as_float(pairs[n] & 0xFFFF0000u)));
     }
 };
 
@@ -691,19 +947,17 @@ extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int o
                                          cudaStream_t stream) {
     const long long bytes = row_bytes(type, in_features);
     if (bytes < 0 || in_features % K_STEP != 0)
-        return minfer_refuse(
-            "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a multiple of 32 (of 256 "
-            "for Q4_K/Q6_K)");
+        return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
     if (in_features <= 0 || out_features_0 <= 0 || n_tokens <= 0)
         return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
     if (out_features_1 < 0 || out_features_2 < 0 || (out_features_1 == 0 && out_features_2 > 0))
         return minfer_refuse("a part's out_features is 0 (absent) or positive, and an absent part has none after it");
     if (!is_aligned(x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
-    const bool float_weights = type == GGML_F32 || type == GGML_F16;
+    const bool float_weights = type == GGML_F32 || type == GGML_F16 || type == GGML_BF16;
     for (const void* weight : {weight_0, weight_1, weight_2})
         if (!is_aligned(weight, float_weights ? 16 : 4))
             return minfer_refuse(
-                "weight must be 16-byte aligned for F32/F16 (16-byte loads) and 4-byte aligned otherwise");
+                "weight must be 16-byte aligned for F32/F16/BF16 (16-byte loads) and 4-byte aligned otherwise");
     int device = 0;
     int multiprocessors = 0;
     if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
@@ -723,9 +977,16 @@ extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int o
         case GGML_Q4_0: return launch_format<Q4_0Tile>(products, multiprocessors, stream);
         case GGML_Q4_1: return launch_format<Q4_1Tile>(products, multiprocessors, stream);
         case GGML_Q5_0: return launch_format<Q5_0Tile>(products, multiprocessors, stream);
+        case GGML_Q5_1: return launch_format<Q5_1Tile>(products, multiprocessors, stream);
         case GGML_Q8_0: return launch_format<Q8_0Tile>(products, multiprocessors, stream);
+        case GGML_Q2_K: return launch_format<Q2_KTile>(products, multiprocessors, stream);
+        case GGML_Q3_K: return launch_format<Q3_KTile>(products, multiprocessors, stream);
         case GGML_Q4_K: return launch_format<Q4_KTile>(products, multiprocessors, stream);
+        case GGML_Q5_K: return launch_format<Q5_KTile>(products, multiprocessors, stream);
         case GGML_Q6_K: return launch_format<Q6_KTile>(products, multiprocessors, stream);
+        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(products, multiprocessors, stream);
+        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(products, multiprocessors, stream);
+        case GGML_BF16: return launch_format<BF16Tile>(products, multiprocessors, stream);
         default: return minfer_refuse("no GEMM kernel for this GGML type");
     }
 }

@@ -24,15 +24,17 @@
 // and the group scales its sums by inv_rms at the end. No block-wide reduction before the product.
 //
 // A launch over parts of different types picks the format per group at run time (uniform across the
-// group): the Q4_K_M mix stores attn_q and attn_k in one type and attn_v in another, and the fused QKV
-// projection still is one kernel, compiled for the mix's two formats (FormatPair) or, for any other mix,
-// all of them (FormatPerGroup). Launches of one type are compiled for it.
+// group): llama-quantize's mixes (Q4_K_M, Q5_K_M, Q3_K_M, IQ4_XS, ...) store attn_q and attn_k in one type
+// and attn_v in another, and the fused QKV projection still is one kernel, compiled for the mix's two formats
+// (FormatPair) or, for any other mix, all of them (FormatPerGroup). Launches of one type are compiled for it.
 //
-// Decoding without integer-to-float conversions (a quarter-rate instruction): a 4- to 8-bit value is
+// Decoding without integer-to-float conversions (a quarter-rate instruction): a 2- to 8-bit value is
 // OR-ed into the low mantissa bits of the half 1024.0 (bits 0x6400), which gives the half 1024 + value
 // exactly; one half2 subtraction removes 1024 (and the format's zero point), still exactly, since every
-// number involved is an integer below 2048; the half-to-float conversion is exact and cheap. The decoded
-// weights are therefore exactly gguf.quants' values, and the products and sums are float32.
+// number involved is an integer below 2048; the half-to-float conversion is exact and cheap. (IQ4_NL's and
+// IQ4_XS's nibbles are first looked up as their int8 levels, iq4_nl_levels; a bfloat16 is the top of a float
+// already.) The decoded weights are therefore exactly gguf.quants' values, and the products and sums are
+// float32.
 //
 // Launches are overlapped (common.cuh: launch_overlapped): before waiting for the previous kernel, a
 // group prefetches its rows of W into L2 (weights do not depend on it); after the wait only L2 hits and
@@ -79,10 +81,11 @@ __device__ __forceinline__ __half2 as_half2(std::uint32_t bits) {
 // Half-precision constants as bit patterns, pairs of them as one word (a half2 built with
 // __float2half2_rn would be converted at run time, in every step):
 constexpr std::uint32_t HALF2_1024 = 0x64006400u;  // 1024.0, 1024.0
+constexpr std::uint32_t HALF2_1028 = 0x64046404u;  // 1024 + 4: Q3_K's zero point
 constexpr std::uint32_t HALF2_1032 = 0x64086408u;  // 1024 + 8: Q4_0's zero point 8 removed too
 constexpr std::uint32_t HALF2_1040 = 0x64106410u;  // 1024 + 16: Q5_0's zero point
 constexpr std::uint32_t HALF2_1056 = 0x64206420u;  // 1024 + 32: Q6_K's zero point
-constexpr std::uint32_t HALF2_1152 = 0x64806480u;  // 1024 + 128: the +128 bias of Q8_0's bytes
+constexpr std::uint32_t HALF2_1152 = 0x64806480u;  // 1024 + 128: the +128 bias of Q8_0's and IQ4's bytes
 
 // Two 4-bit values at bits [0, 4) and [16, 20) of `bits`, minus the format's zero point, as exact floats
 // (one LOP3 and one HSUB2 for two values). `zero_plus_1024` is the half2 bit pattern of 1024 + zero point.
@@ -111,6 +114,12 @@ __device__ __forceinline__ float byte_dot(std::uint32_t word, std::uint32_t zero
     return bytes_01.x * v[0] + bytes_01.y * v[1] + bytes_23.x * v[2] + bytes_23.y * v[3];
 }
 
+// sum_j q_j * v[j] over the 4 signed bytes q_j of `word` (Q8_0's quants, IQ4_NL's levels): XOR 0x80 turns
+// each into the unsigned q + 128, which byte_dot takes back off.
+__device__ __forceinline__ float signed_byte_dot(std::uint32_t word, const float* v) {
+    return byte_dot(word ^ 0x80808080u, HALF2_1152, v);
+}
+
 // Byte i of 12 bytes held as 3 words, selected without indexing a register array (which would put it in
 // local memory).
 __device__ __forceinline__ int byte_of(const std::uint32_t (&words)[3], int i) {
@@ -135,7 +144,7 @@ __device__ __forceinline__ std::uint32_t load_word_2aligned(const std::uint8_t* 
 // Each format says, for lane l of a step: where its two runs of 4 activations sit in the step
 // (activation_offset), which bytes it loads (load -> Raw, issued before any is used) and how they
 // combine with the activations (dot: sum_j w_j * a.v[j] over the 8 weights). RAW_WORDS is the size of Raw
-// in registers. Steps are 256 values: 8 blocks of 32, or one K-quant super-block.
+// in registers. Steps are 256 values: 8 blocks of 32, or one super-block (the K-quants, IQ4_XS).
 
 // The block formats with nibbles: lane l takes bytes 4(l % 4) .. 4(l % 4) + 3 of block l / 4 of the step,
 // whose low nibbles are values 4(l % 4) + 0..3 of the block (run 0) and high nibbles 16 + the same (run 1).
@@ -171,6 +180,23 @@ struct GemvF16 {
         const float2 w45 = __half22float2(as_half2(w.z)), w67 = __half22float2(as_half2(w.w));
         return w01.x * a.v[0] + w01.y * a.v[1] + w23.x * a.v[2] + w23.y * a.v[3] + w45.x * a.v[4] + w45.y * a.v[5] +
                w67.x * a.v[6] + w67.y * a.v[7];
+    }
+};
+
+struct GemvBF16 {
+    using Raw = uint4;  // 8 bfloat16
+    static constexpr int RAW_WORDS = 4;
+    __device__ static int activation_offset(int lane, int run) { return lane * VALUES_PER_LANE + run * 4; }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        return __ldcs(reinterpret_cast<const uint4*>(row) + step * WARP_SIZE + lane);
+    }
+    // Word k holds values 2k (its low half) and 2k + 1 (its high half), as exact floats.
+    __device__ static float pair_dot(std::uint32_t word, float first, float second) {
+        return bf16_bits_to_float(word & 0xFFFFu) * first + __uint_as_float(word & 0xFFFF0000u) * second;
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        return pair_dot(w.x, a.v[0], a.v[1]) + pair_dot(w.y, a.v[2], a.v[3]) + pair_dot(w.z, a.v[4], a.v[5]) +
+               pair_dot(w.w, a.v[6], a.v[7]);
     }
 };
 
@@ -227,6 +253,26 @@ struct GemvQ5_0 {  // w = d * (nibble + 16 * fifth bit - 16)
     }
 };
 
+struct GemvQ5_1 {  // w = d * (nibble + 16 * fifth bit) + m; 24-byte blocks keep a 4-byte boundary
+    struct Raw {
+        std::uint32_t d_and_m, qh, qs;
+    };
+    static constexpr int RAW_WORDS = 3;
+    __device__ static int activation_offset(int lane, int run) { return nibble_block_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        const BlockQ5_1* block = reinterpret_cast<const BlockQ5_1*>(row) + step * BLOCKS_PER_STEP + lane / 4;
+        return {load_u32(block), load_u32(block->qh), load_u32(block->qs + 4 * (lane % 4))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int first = 4 * (lane % 4);  // this lane's values first .. first + 3 and 16 + the same
+        const std::uint32_t low = (w.qs & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> first);
+        const std::uint32_t high = ((w.qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (16 + first));
+        const float2 d_and_m = __half22float2(as_half2(w.d_and_m));
+        return d_and_m.x * (byte_dot(low, HALF2_1024, a.v) + byte_dot(high, HALF2_1024, a.v + 4)) +
+               d_and_m.y * (a.run_sum[0] + a.run_sum[1]);
+    }
+};
+
 struct GemvQ8_0 {  // w = d * q, q a signed byte; lane l takes values 8l .. 8l + 7 of the step
     struct Raw {
         unsigned short d;
@@ -240,9 +286,93 @@ struct GemvQ8_0 {  // w = d * q, q a signed byte; lane l takes values 8l .. 8l +
         return {load_u16(&block->d), load_word_2aligned(qs), load_word_2aligned(qs + 4)};
     }
     __device__ static float dot(const Raw& w, const Activations& a) {
-        // XOR 0x80 turns a signed byte q into the unsigned q + 128, which byte_dot takes back off.
+        return half_bits_to_float(w.d) * (signed_byte_dot(w.low, a.v) + signed_byte_dot(w.high, a.v + 4));
+    }
+};
+
+struct GemvIQ4_NL {  // w = d * IQ4_NL_VALUES[nibble]; the nibbles placed as Q4_0's
+    struct Raw {
+        unsigned short d;
+        std::uint32_t qs;
+    };
+    static constexpr int RAW_WORDS = 2;
+    __device__ static int activation_offset(int lane, int run) { return nibble_block_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        const BlockIQ4_NL* block = reinterpret_cast<const BlockIQ4_NL*>(row) + step * BLOCKS_PER_STEP + lane / 4;
+        return {load_u16(&block->d), load_word_2aligned(block->qs + 4 * (lane % 4))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a) {
+        std::uint32_t low, high;
+        iq4_nl_levels(w.qs, low, high);
+        return half_bits_to_float(w.d) * (signed_byte_dot(low, a.v) + signed_byte_dot(high, a.v + 4));
+    }
+};
+
+// Q2_K and Q3_K, one super-block per step. Lane l: half h = l / 16 of the super-block, p = (l % 16) / 8 and
+// i = 4 (l % 8). The qs bytes 32h + i .. + 3 hold, at bits 4p, 4p + 1, values 128h + 64p + i + 0..3 (run 0)
+// and, at bits 4p + 2, 4p + 3, values 128h + 64p + 32 + i + 0..3 (run 1): groups 2p and 2p + 1 of the half
+// (the layouts at BlockQ2_K and BlockQ3_K), and sub-blocks 8h + 4p + i / 16 and that + 2.
+__device__ __forceinline__ int two_bit_activation_offset(int lane, int run) {
+    return 128 * (lane / 16) + 64 * ((lane % 16) / 8) + 4 * (lane % 8) + 32 * run;
+}
+
+// w = d * scale_s * q - dmin * min_s, the sub-block's scale and min the nibbles of scales[s].
+struct GemvQ2_K {
+    struct Raw {
+        std::uint32_t scales;  // scales[8h + 4p .. + 3]: this lane's sub-blocks are bytes i / 16 and i / 16 + 2
+        std::uint32_t qs;
+        std::uint32_t d_and_dmin;
+    };
+    static constexpr int RAW_WORDS = 3;
+    __device__ static int activation_offset(int lane, int run) { return two_bit_activation_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        // 84-byte super-blocks keep the weight's 4-byte boundary: every word here is a 4-byte load.
+        const BlockQ2_K* block = reinterpret_cast<const BlockQ2_K*>(row) + step;
+        const int h = lane / 16, p = (lane % 16) / 8, i = 4 * (lane % 8);
+        return {load_u32(block->scales + 8 * h + 4 * p), load_u32(block->qs + 32 * h + i), load_u32(&block->d)};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int p = (lane % 16) / 8, s = (lane % 8) / 4;  // s = i / 16
+        const std::uint32_t q0 = (w.qs >> (4 * p)) & 0x03030303u;
+        const std::uint32_t q1 = (w.qs >> (4 * p + 2)) & 0x03030303u;
+        const std::uint32_t scale_and_min0 = (w.scales >> (8 * s)) & 0xFFu;
+        const std::uint32_t scale_and_min1 = (w.scales >> (8 * s + 16)) & 0xFFu;
+        const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
+        return d_and_dmin.x * (float(scale_and_min0 & 0xF) * byte_dot(q0, HALF2_1024, a.v) +
+                               float(scale_and_min1 & 0xF) * byte_dot(q1, HALF2_1024, a.v + 4)) -
+               d_and_dmin.y * (float(scale_and_min0 >> 4) * a.run_sum[0] + float(scale_and_min1 >> 4) * a.run_sum[1]);
+    }
+};
+
+// w = d * scale_s * (q - 4): q's low two bits as Q2_K's, its third bit bit 4h + 2p (run 0) or 4h + 2p + 1
+// (run 1) of the hmask bytes i .. i + 3; scale_s from q3_k_scale.
+struct GemvQ3_K {
+    struct Raw {
+        std::uint32_t hmask, qs;
+        std::uint32_t low_scales;   // scales[4p .. 4p + 3]: the low bits of its sub-blocks in bytes i / 16, i / 16 + 2
+        std::uint32_t high_scales;  // scales[8 .. 11]: their top bits, in the same bytes
+        unsigned short d;
+    };
+    static constexpr int RAW_WORDS = 5;
+    __device__ static int activation_offset(int lane, int run) { return two_bit_activation_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        // 110-byte super-blocks: only a 2-byte boundary.
+        const BlockQ3_K* block = reinterpret_cast<const BlockQ3_K*>(row) + step;
+        const int h = lane / 16, p = (lane % 16) / 8, i = 4 * (lane % 8);
+        return {load_word_2aligned(block->hmask + i), load_word_2aligned(block->qs + 32 * h + i),
+                load_word_2aligned(block->scales + 4 * p), load_word_2aligned(block->scales + 8), load_u16(&block->d)};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int h = lane / 16, p = (lane % 16) / 8, s = (lane % 8) / 4;
+        const int bit = 4 * h + 2 * p;  // run 0's hmask bit; run 1's is the next
+        const std::uint32_t q0 = ((w.qs >> (4 * p)) & 0x03030303u) | (((w.hmask >> bit) & 0x01010101u) << 2);
+        const std::uint32_t q1 = ((w.qs >> (4 * p + 2)) & 0x03030303u) | (((w.hmask >> (bit + 1)) & 0x01010101u) << 2);
+        const int sub_block = 8 * h + 4 * p + s;
+        const auto byte = [](std::uint32_t word, int i) { return std::uint8_t(word >> (8 * i)); };
+        const int scale0 = q3_k_scale(byte(w.low_scales, s), byte(w.high_scales, s), sub_block);
+        const int scale1 = q3_k_scale(byte(w.low_scales, s + 2), byte(w.high_scales, s + 2), sub_block + 2);
         return half_bits_to_float(w.d) *
-               (byte_dot(w.low ^ 0x80808080u, HALF2_1152, a.v) + byte_dot(w.high ^ 0x80808080u, HALF2_1152, a.v + 4));
+               (float(scale0) * byte_dot(q0, HALF2_1028, a.v) + float(scale1) * byte_dot(q1, HALF2_1028, a.v + 4));
     }
 };
 
@@ -265,19 +395,52 @@ struct GemvQ4_K {
                 {load_u32(scales), load_u32(scales + 4), load_u32(scales + 8)},
                 load_u32(block->qs + 32 * (lane / 8) + 4 * (lane % 8))};
     }
-    // Scale and min of sub-block s, from the bytes q4_k_scale_min (ggml_formats.cuh) reads.
-    __device__ static void scale_min(const Raw& w, int s, int& scale, int& min) {
+    // Scale and min of sub-block s, from the 12 scale bytes as words (the bytes q4_k_scale_min reads).
+    __device__ static void scale_min(const std::uint32_t (&scales)[3], int s, int& scale, int& min) {
         const int j = s % 4;
-        q4_k_scale_min(byte_of(w.scales, j), byte_of(w.scales, j + 4), byte_of(w.scales, j + 8), s >= 4, scale, min);
+        q4_k_scale_min(byte_of(scales, j), byte_of(scales, j + 4), byte_of(scales, j + 8), s >= 4, scale, min);
     }
     __device__ static float dot(const Raw& w, const Activations& a, int lane) {
         const int s = 2 * (lane / 8);  // sub-blocks s (run 0) and s + 1 (run 1)
         int scale0, min0, scale1, min1;
-        scale_min(w, s, scale0, min0);
-        scale_min(w, s + 1, scale1, min1);
+        scale_min(w.scales, s, scale0, min0);
+        scale_min(w.scales, s + 1, scale1, min1);
         const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
         const float2 runs = nibble_dots(w.qs, HALF2_1024, a.v);
         return d_and_dmin.x * (float(scale0) * runs.x + float(scale1) * runs.y) -
+               d_and_dmin.y * (float(min0) * a.run_sum[0] + float(min1) * a.run_sum[1]);
+    }
+};
+
+// Q5_K: Q4_K's lanes and scales, and the fifth bits of the lane's values: bits 2g (run 0) and 2g + 1 (run 1)
+// of the qh bytes 4(l % 8) .. + 3. w = d * scale_s * q - dmin * min_s.
+struct GemvQ5_K {
+    struct Raw {
+        std::uint32_t d_and_dmin;
+        std::uint32_t scales[3];
+        std::uint32_t qh, qs;
+    };
+    static constexpr int RAW_WORDS = 6;
+    __device__ static int activation_offset(int lane, int run) { return GemvQ4_K::activation_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        // 176-byte super-blocks keep the weight's 4-byte boundary: every word here is a 4-byte load.
+        const BlockQ5_K* block = reinterpret_cast<const BlockQ5_K*>(row) + step;
+        const auto* scales = reinterpret_cast<const std::uint8_t*>(block->scales);
+        return {load_u32(block),
+                {load_u32(scales), load_u32(scales + 4), load_u32(scales + 8)},
+                load_u32(block->qh + 4 * (lane % 8)),
+                load_u32(block->qs + 32 * (lane / 8) + 4 * (lane % 8))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int s = 2 * (lane / 8);  // sub-blocks s (run 0) and s + 1 (run 1)
+        int scale0, min0, scale1, min1;
+        GemvQ4_K::scale_min(w.scales, s, scale0, min0);
+        GemvQ4_K::scale_min(w.scales, s + 1, scale1, min1);
+        const std::uint32_t q0 = (w.qs & 0x0F0F0F0Fu) | (((w.qh >> s) & 0x01010101u) << 4);
+        const std::uint32_t q1 = ((w.qs >> 4) & 0x0F0F0F0Fu) | (((w.qh >> (s + 1)) & 0x01010101u) << 4);
+        const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
+        return d_and_dmin.x *
+                   (float(scale0) * byte_dot(q0, HALF2_1024, a.v) + float(scale1) * byte_dot(q1, HALF2_1024, a.v + 4)) -
                d_and_dmin.y * (float(min0) * a.run_sum[0] + float(min1) * a.run_sum[1]);
     }
 };
@@ -314,11 +477,37 @@ struct GemvQ6_K {
     }
 };
 
+// IQ4_XS, one super-block per step: its 8 sub-blocks are laid out as 8 IQ4_NL blocks, so lane l takes bytes
+// 4(l % 4) .. + 3 of sub-block l / 4 as GemvIQ4_NL does, with the sub-block's scale in place of the block's d.
+// w = d * scale_s * IQ4_NL_VALUES[nibble].
+struct GemvIQ4_XS {
+    struct Raw {
+        std::uint32_t d_and_scales_h, scales_l, qs;
+    };
+    static constexpr int RAW_WORDS = 3;
+    __device__ static int activation_offset(int lane, int run) { return nibble_block_offset(lane, run); }
+    __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
+        // 136-byte super-blocks keep the weight's 4-byte boundary: every word here is a 4-byte load.
+        const BlockIQ4_XS* block = reinterpret_cast<const BlockIQ4_XS*>(row) + step;
+        return {load_u32(block), load_u32(block->scales_l), load_u32(block->qs + 16 * (lane / 4) + 4 * (lane % 4))};
+    }
+    __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const int s = lane / 4;
+        const int scale = iq4_xs_scale(w.d_and_scales_h >> 16, std::uint8_t(w.scales_l >> (8 * (s / 2))), s);
+        std::uint32_t low, high;
+        iq4_nl_levels(w.qs, low, high);
+        return half_bits_to_float(w.d_and_scales_h & 0xFFFFu) * float(scale) *
+               (signed_byte_dot(low, a.v) + signed_byte_dot(high, a.v + 4));
+    }
+};
+
 // Formats whose dot also needs the lane (which sub-block or which bits) get it; the others ignore it.
 template <class Format>
 __device__ __forceinline__ float format_dot(const typename Format::Raw& w, const Activations& a, int lane) {
-    if constexpr (std::is_same_v<Format, GemvQ5_0> || std::is_same_v<Format, GemvQ4_K> ||
-                  std::is_same_v<Format, GemvQ6_K>) {
+    if constexpr (std::is_same_v<Format, GemvQ5_0> || std::is_same_v<Format, GemvQ5_1> ||
+                  std::is_same_v<Format, GemvQ2_K> || std::is_same_v<Format, GemvQ3_K> ||
+                  std::is_same_v<Format, GemvQ4_K> || std::is_same_v<Format, GemvQ5_K> ||
+                  std::is_same_v<Format, GemvQ6_K> || std::is_same_v<Format, GemvIQ4_XS>) {
         return Format::dot(w, a, lane);
     } else {
         return Format::dot(w, a);
@@ -455,10 +644,11 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
 // registers are what that format needs, not the most any format needs.
 struct FormatPerGroup {};
 
-// The two-type QKV launches of the K-quant mixes (q and k in one type, v in one with more bits: Q5_0 and
-// Q8_0 where rows are not whole super-blocks, Q4_K and Q6_K): a group picks one of two formats. Two paths
-// compile like one format's, where FormatPerGroup's eight cost ~50% (ncu, Qwen2.5-0.5B Q4_K_M: 12.0 µs
-// against 7.9 for an all-Q5_0 layer).
+// The two-type QKV launches of the presets' mixes (q and k in one type, v in one with more bits: for Q4_K_M,
+// Q5_0 and Q8_0 where rows are not whole super-blocks, Q4_K and Q6_K where they are; launch_gemv_qkv_rope_store
+// lists them): a group picks one of two formats. Two paths compile like one format's, where FormatPerGroup's
+// switch over every format cost ~50% (ncu, Qwen2.5-0.5B Q4_K_M, when there were eight formats: 12.0 µs against
+// 7.9 for an all-Q5_0 layer).
 template <class QkFormat, int QK_TYPE, class VFormat>
 struct FormatPair {
     using Qk = QkFormat;
@@ -500,9 +690,16 @@ __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in,
             case GGML_Q4_0: gemv_group<GemvQ4_0>(in, epilogue, group, warp_in_group, lane); break;
             case GGML_Q4_1: gemv_group<GemvQ4_1>(in, epilogue, group, warp_in_group, lane); break;
             case GGML_Q5_0: gemv_group<GemvQ5_0>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q5_1: gemv_group<GemvQ5_1>(in, epilogue, group, warp_in_group, lane); break;
             case GGML_Q8_0: gemv_group<GemvQ8_0>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q2_K: gemv_group<GemvQ2_K>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q3_K: gemv_group<GemvQ3_K>(in, epilogue, group, warp_in_group, lane); break;
             case GGML_Q4_K: gemv_group<GemvQ4_K>(in, epilogue, group, warp_in_group, lane); break;
-            default: gemv_group<GemvQ6_K>(in, epilogue, group, warp_in_group, lane); break;  // checked at launch
+            case GGML_Q5_K: gemv_group<GemvQ5_K>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q6_K: gemv_group<GemvQ6_K>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_IQ4_NL: gemv_group<GemvIQ4_NL>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_IQ4_XS: gemv_group<GemvIQ4_XS>(in, epilogue, group, warp_in_group, lane); break;
+            default: gemv_group<GemvBF16>(in, epilogue, group, warp_in_group, lane); break;  // checked at launch
         }
     }
 }
@@ -699,45 +896,56 @@ cudaError_t launch_epilogue(int type, const GemvInput& in, const Epilogue& epilo
         case GGML_Q4_0: return launch_format<GemvQ4_0>(in, epilogue, stream);
         case GGML_Q4_1: return launch_format<GemvQ4_1>(in, epilogue, stream);
         case GGML_Q5_0: return launch_format<GemvQ5_0>(in, epilogue, stream);
+        case GGML_Q5_1: return launch_format<GemvQ5_1>(in, epilogue, stream);
         case GGML_Q8_0: return launch_format<GemvQ8_0>(in, epilogue, stream);
+        case GGML_Q2_K: return launch_format<GemvQ2_K>(in, epilogue, stream);
+        case GGML_Q3_K: return launch_format<GemvQ3_K>(in, epilogue, stream);
         case GGML_Q4_K: return launch_format<GemvQ4_K>(in, epilogue, stream);
-        default: return launch_format<GemvQ6_K>(in, epilogue, stream);  // the launchers checked the type
+        case GGML_Q5_K: return launch_format<GemvQ5_K>(in, epilogue, stream);
+        case GGML_Q6_K: return launch_format<GemvQ6_K>(in, epilogue, stream);
+        case GGML_IQ4_NL: return launch_format<GemvIQ4_NL>(in, epilogue, stream);
+        case GGML_IQ4_XS: return launch_format<GemvIQ4_XS>(in, epilogue, stream);
+        default: return launch_format<GemvBF16>(in, epilogue, stream);  // the launchers checked the type
     }
 }
 
-// The alignment each format's loads need from the weight's base address (the row lengths keep it).
+// A QKV launch over q and k of one format and v of another.
+template <class QkFormat, int QK_TYPE, class VFormat>
+cudaError_t launch_pair(const GemvInput& in, const GemvQkvRopeStore& epilogue, cudaStream_t stream) {
+    return launch_format<FormatPair<QkFormat, QK_TYPE, VFormat>>(in, epilogue, stream);
+}
+
+// The alignment each format's loads need from the weight's base address (the row lengths keep it), or 0 for
+// a type this file has no format for.
 std::size_t weight_alignment(int type) {
     switch (type) {
         case GGML_F32:
-        case GGML_F16: return 16;
-        case GGML_Q4_1:
-        case GGML_Q4_K: return 4;
-        default: return 2;
-    }
-}
-
-bool gemv_reads(int type) {
-    switch (type) {
-        case GGML_F32:
         case GGML_F16:
-        case GGML_Q4_0:
+        case GGML_BF16: return 16;
         case GGML_Q4_1:
+        case GGML_Q5_1:
+        case GGML_Q2_K:
+        case GGML_Q4_K:
+        case GGML_Q5_K:
+        case GGML_IQ4_XS: return 4;
+        case GGML_Q4_0:
         case GGML_Q5_0:
         case GGML_Q8_0:
-        case GGML_Q4_K:
-        case GGML_Q6_K: return true;
-        default: return false;
+        case GGML_Q3_K:
+        case GGML_Q6_K:
+        case GGML_IQ4_NL: return 2;
+        default: return 0;
     }
 }
 
 // The checks on one weight; nullptr when they hold, else the reason.
 const char* weight_refusal(int type, const void* weight, int in_features) {
-    if (!gemv_reads(type) || row_bytes(type, in_features) < 0 || in_features % VALUES_PER_LANE != 0 ||
+    if (weight_alignment(type) == 0 || row_bytes(type, in_features) < 0 || in_features % VALUES_PER_LANE != 0 ||
         in_features <= 0)
-        return "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a positive multiple "
-               "of 8 and of the type's block (32 values; 256 for Q4_K and Q6_K)";
+        return MINFER_TYPES_AND_ROWS ", in_features the row length, positive and a multiple of 8";
     if (!is_aligned(weight, weight_alignment(type)))
-        return "weight must be 16-byte aligned (F32, F16), 4-byte (Q4_1, Q4_K) or 2-byte (Q4_0, Q5_0, Q8_0, Q6_K)";
+        return "weight must be 16-byte aligned (F32, F16, BF16), 4-byte (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, IQ4_XS) or "
+               "2-byte (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL)";
     return nullptr;
 }
 
@@ -838,9 +1046,26 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
     epilogue.n_groups = (q_rows + 2 * kv_rows) / 2;
     const GemvInput in{x, norm_weight, eps, in_features, 1};
     if (q_type == k_type && k_type == v_type) return launch_epilogue(q_type, in, epilogue, stream);
-    if (q_type == k_type && q_type == GGML_Q5_0 && v_type == GGML_Q8_0)
-        return launch_format<FormatPair<GemvQ5_0, GGML_Q5_0, GemvQ8_0>>(in, epilogue, stream);
-    if (q_type == k_type && q_type == GGML_Q4_K && v_type == GGML_Q6_K)
-        return launch_format<FormatPair<GemvQ4_K, GGML_Q4_K, GemvQ6_K>>(in, epilogue, stream);
+    // The mixes llama-quantize's presets make (llama_tensor_get_type: attn_v with more bits than attn_q and
+    // attn_k), each a FormatPair. Rows of whole super-blocks (Llama-3.2-1B's 2048): Q2_K and Q2_K_S, Q3_K_M
+    // and Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_M, IQ4_NL and IQ4_XS with grouped-query attention. Rows that are not
+    // (Qwen2.5-0.5B's 896), where Q2_K and Q3_K fall back to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0,
+    // IQ4_XS to IQ4_NL: the same presets' mixes after the fallback.
+    const auto mix = [q_type, k_type, v_type](int qk, int v) { return q_type == qk && k_type == qk && v_type == v; };
+    if (mix(GGML_Q2_K, GGML_Q3_K)) return launch_pair<GemvQ2_K, GGML_Q2_K, GemvQ3_K>(in, epilogue, stream);
+    if (mix(GGML_Q2_K, GGML_Q4_K)) return launch_pair<GemvQ2_K, GGML_Q2_K, GemvQ4_K>(in, epilogue, stream);
+    if (mix(GGML_Q3_K, GGML_Q4_K)) return launch_pair<GemvQ3_K, GGML_Q3_K, GemvQ4_K>(in, epilogue, stream);
+    if (mix(GGML_Q3_K, GGML_Q5_K)) return launch_pair<GemvQ3_K, GGML_Q3_K, GemvQ5_K>(in, epilogue, stream);
+    if (mix(GGML_Q4_K, GGML_Q5_K)) return launch_pair<GemvQ4_K, GGML_Q4_K, GemvQ5_K>(in, epilogue, stream);
+    if (mix(GGML_Q4_K, GGML_Q6_K)) return launch_pair<GemvQ4_K, GGML_Q4_K, GemvQ6_K>(in, epilogue, stream);
+    if (mix(GGML_Q5_K, GGML_Q6_K)) return launch_pair<GemvQ5_K, GGML_Q5_K, GemvQ6_K>(in, epilogue, stream);
+    if (mix(GGML_IQ4_NL, GGML_Q5_K)) return launch_pair<GemvIQ4_NL, GGML_IQ4_NL, GemvQ5_K>(in, epilogue, stream);
+    if (mix(GGML_IQ4_XS, GGML_Q5_K)) return launch_pair<GemvIQ4_XS, GGML_IQ4_XS, GemvQ5_K>(in, epilogue, stream);
+    if (mix(GGML_Q4_0, GGML_Q5_0)) return launch_pair<GemvQ4_0, GGML_Q4_0, GemvQ5_0>(in, epilogue, stream);
+    if (mix(GGML_Q4_0, GGML_Q5_1)) return launch_pair<GemvQ4_0, GGML_Q4_0, GemvQ5_1>(in, epilogue, stream);
+    if (mix(GGML_Q5_0, GGML_Q5_1)) return launch_pair<GemvQ5_0, GGML_Q5_0, GemvQ5_1>(in, epilogue, stream);
+    if (mix(GGML_Q5_0, GGML_Q8_0)) return launch_pair<GemvQ5_0, GGML_Q5_0, GemvQ8_0>(in, epilogue, stream);
+    if (mix(GGML_Q5_1, GGML_Q8_0)) return launch_pair<GemvQ5_1, GGML_Q5_1, GemvQ8_0>(in, epilogue, stream);
+    if (mix(GGML_IQ4_NL, GGML_Q5_1)) return launch_pair<GemvIQ4_NL, GGML_IQ4_NL, GemvQ5_1>(in, epilogue, stream);
     return launch_format<FormatPerGroup>(in, epilogue, stream);
 }

@@ -1,7 +1,8 @@
 // One-token GEMVs over many rows, the output head above all (151936 rows for Qwen2.5-0.5B's vocabulary), on
 // the integer tensor cores, with the weights staged through shared memory by the copy engine (sm_90):
 //
-//     y = W norm(x) (+ residual)      W: Q4_0, Q4_1, Q5_0 or Q8_0; norm: RMSNorm with its weight, or nothing
+//     y = W norm(x) (+ residual)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL; norm: RMSNorm with its weight,
+//                                     or nothing
 //
 // launch_gemv (gemv.cu) sends its launches here when the output has at least MANY_ROWS rows and the GPU
 // has what this kernel needs (minfer_gemv_int8_takes); it computes the same function as gemv.cu's kernel.
@@ -13,7 +14,11 @@
 // at a time into shared memory (cp.async.bulk: one contiguous stretch of the tensor, no registers held,
 // STAGES chunks in flight), and multiplies them on the integer tensor cores: a 32-value block of 16 rows is
 // one mma.sync.m16n8k32 (int8 times int8, int32 sums) whose A operand is the block's quants as they are
-// stored, after at most a mask and a shift per 8 values.
+// stored, after at most a mask and a shift per 8 values (IQ4_NL's: the int8 levels its nibbles index, looked
+// up with byte permutes). The super-block formats (the K-quants, IQ4_XS) stay on gemv.cu's kernel: their
+// sub-block scales and mins (per 16 values for Q2_K, Q3_K and Q6_K) have no place in this product's one scale
+// per 32-value block of a row, and gemv.cu reads their super-blocks a whole one per warp step, with 4-byte
+// loads (2-byte for Q3_K and Q6_K).
 //
 // The activations as integers, without losing float32's precision. x (times the norm weight) is cut into
 // 32-value blocks like the weights; block b gets the scale d_b = max |x_j| / 127 and each value three int8
@@ -22,7 +27,7 @@
 // (the remainders are exact in float32), so x is kept to 2^-22 of its block's largest value. The three
 // parts are three columns of the MMA's B operand (n = 8; the other five are zero): one MMA gives, for
 // each of the tile's rows, the three dot products D_c = sum_j w_j q_c,j, exactly, and the block adds
-//     d_w * d_b * (D_1 + D_2 / 128 + D_3 / 16384)     (+ m * sum_j x_j for Q4_1's offset m)
+//     d_w * d_b * (D_1 + D_2 / 128 + D_3 / 16384)     (+ m * sum_j x_j for Q4_1's and Q5_1's offset m)
 // to the row. A format's zero point z (w = d * (q - z)) costs nothing: the MMA's accumulator starts at
 // -z * sum_j q_c,j. Against gemv.cu's exactly decoded weights times float32 x, the result moves by at most
 // that 2^-22 of the block maximum per value: inside the float32 error bound the tests hold both kernels to.
@@ -59,8 +64,8 @@ constexpr float Q1_MAX = 127.0f;               // the first part's range
 constexpr int PART_PADDING = 16;               // bytes after each part's row in shared memory (see QuantizedX)
 constexpr int COPY_ALIGNMENT = 16;             // cp.async.bulk: addresses and sizes in 16-byte units
 
-// Reads of a chunk staged in shared memory: the blocks keep their bytes on a 2-byte boundary (Q4_1's on a
-// 4-byte one).
+// Reads of a chunk staged in shared memory: the blocks keep their bytes on a 2-byte boundary (Q4_1's and
+// Q5_1's on a 4-byte one).
 __device__ __forceinline__ std::uint32_t shared_u16(const void* p) { return *static_cast<const unsigned short*>(p); }
 __device__ __forceinline__ std::uint32_t shared_u32(const void* p) { return *static_cast<const unsigned int*>(p); }
 __device__ __forceinline__ std::uint32_t shared_word(const std::uint8_t* p) {
@@ -121,6 +126,40 @@ struct Int8Q5_0 {
     __device__ static void quants(const Raw& w, int t, std::uint32_t& low, std::uint32_t& high) {
         low = (w.qs & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (4 * t));
         high = ((w.qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (16 + 4 * t));
+    }
+    __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
+};
+
+struct Int8Q5_1 {  // 24-byte blocks keep a 4-byte boundary
+    static constexpr int ZERO = 0;
+    static constexpr bool HAS_OFFSET = true;
+    struct Raw {
+        std::uint32_t d_and_m, qh, qs;
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockQ5_1* b = reinterpret_cast<const BlockQ5_1*>(row) + block;
+        return {shared_u32(b), shared_u32(b->qh), shared_u32(b->qs + 4 * t)};
+    }
+    __device__ static void quants(const Raw& w, int t, std::uint32_t& low, std::uint32_t& high) {
+        low = (w.qs & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (4 * t));
+        high = ((w.qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (16 + 4 * t));
+    }
+    __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d_and_m & 0xFFFFu); }
+    __device__ static float offset(const Raw& w) { return half_bits_to_float(w.d_and_m >> 16); }
+};
+
+struct Int8IQ4_NL {  // the quants are the int8 levels the nibbles index
+    static constexpr int ZERO = 0;
+    static constexpr bool HAS_OFFSET = false;
+    struct Raw {
+        std::uint32_t qs, d;
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockIQ4_NL* b = reinterpret_cast<const BlockIQ4_NL*>(row) + block;
+        return {shared_word(b->qs + 4 * t), shared_u16(&b->d)};
+    }
+    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
+        iq4_nl_levels(w.qs, low, high);
     }
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
 };
@@ -470,7 +509,8 @@ cudaError_t launch_format(const Int8GemvInput& in, std::size_t shared, cudaStrea
 using namespace minfer;
 
 extern "C" bool minfer_gemv_int8_takes(int type, const void* weight, int in_features) {
-    const bool format = type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q8_0;
+    const bool format = type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q5_1 ||
+                        type == GGML_Q8_0 || type == GGML_IQ4_NL;
     if (!format || in_features <= 0 || in_features % QK != 0 || !is_aligned(weight, COPY_ALIGNMENT)) return false;
     int device = 0, limit = 0;
     return minfer_compute_capability() >= 90 && cudaGetDevice(&device) == cudaSuccess &&
@@ -482,8 +522,9 @@ extern "C" cudaError_t launch_gemv_int8(const void* weight, int type, const floa
                                         float eps, const float* residual, float* y, int in_features, int out_features,
                                         cudaStream_t stream) {
     if (!minfer_gemv_int8_takes(type, weight, in_features))
-        return minfer_refuse("type must be Q4_0, Q4_1, Q5_0 or Q8_0, the weight 16-byte aligned, in_features whole "
-                             "blocks of 32 whose chunks fit shared memory, and the GPU sm_90 or newer");
+        return minfer_refuse("type must be Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL, the weight 16-byte aligned, "
+                             "in_features whole blocks of 32 whose chunks fit shared memory, and the GPU sm_90 or "
+                             "newer");
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
     const Int8GemvInput in{static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), out_features, x,
                            norm_weight, eps, in_features, residual, y};
@@ -492,6 +533,8 @@ extern "C" cudaError_t launch_gemv_int8(const void* weight, int type, const floa
         case GGML_Q4_0: return launch_format<Int8Q4_0>(in, shared, stream);
         case GGML_Q4_1: return launch_format<Int8Q4_1>(in, shared, stream);
         case GGML_Q5_0: return launch_format<Int8Q5_0>(in, shared, stream);
+        case GGML_Q5_1: return launch_format<Int8Q5_1>(in, shared, stream);
+        case GGML_IQ4_NL: return launch_format<Int8IQ4_NL>(in, shared, stream);
         default: return launch_format<Int8Q8_0>(in, shared, stream);
     }
 }

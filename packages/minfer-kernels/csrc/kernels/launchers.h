@@ -25,6 +25,10 @@ cudaError_t launch_add_f32(const float* a, const float* b, float* out, int n, cu
 cudaError_t launch_mul_f32(const float* a, const float* b, float* out, int n, cudaStream_t stream);
 cudaError_t launch_scale_f32(const float* x, float* out, float scale, int n, cudaStream_t stream);
 cudaError_t launch_silu_f32(float* x, int n, cudaStream_t stream);
+cudaError_t launch_gelu_f32(float* x, int n, cudaStream_t stream);
+cudaError_t launch_softcap_f32(float* x, float cap, int n, cudaStream_t stream);
+cudaError_t launch_slice_f32(const float* x, float* out, int rows, int width, int in_stride, int start,
+                             cudaStream_t stream);
 cudaError_t launch_swiglu_f32(const float* gate, const float* up, float* out, int rows, int d, int in_stride,
                               cudaStream_t stream);
 cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cudaStream_t stream);
@@ -83,10 +87,11 @@ cudaError_t launch_kv_store_f32(const float* k, const float* v, float* k_cache, 
 std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_splits);
 cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
                                         const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
-                                        int head_dim, int n_ctx, int n_splits, cudaStream_t stream);
+                                        int head_dim, int n_ctx, float scale, int window, int n_splits,
+                                        cudaStream_t stream);
 cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
                                          const int* positions, int n_tokens, int n_heads, int n_kv_heads,
-                                         int head_dim, int n_ctx, cudaStream_t stream);
+                                         int head_dim, int n_ctx, float scale, int window, cudaStream_t stream);
 
 // sample.cu. argmax: out[r] = the index of row r's largest value (lowest on ties), -1 if the row holds NaN/+-Inf.
 std::size_t argmax_workspace_bytes(int rows, int n);

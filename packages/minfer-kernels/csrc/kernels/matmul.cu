@@ -10,8 +10,8 @@
 //
 // Decode (n_tokens == 1) is a matrix-vector product (GEMV): every weight is read once, and the kernel is
 // bound by memory bandwidth. launch_matmul hands it to gemv.cu, whose kernel is built for exactly that;
-// the warp-per-row kernel here serves one token only where gemv.cu refuses (F32/F16 rows of a length that
-// is not a multiple of 8, unaligned float rows, a type gemv.cu has no kernel for). For n_tokens > 1, each
+// the warp-per-row kernel here serves one token only where gemv.cu refuses (F32/F16/BF16 rows of a length
+// that is not a multiple of 8, unaligned float rows, a type gemv.cu has no kernel for). For n_tokens > 1, each
 // warp takes TOKENS_PER_WARP = 8 tokens: a chunk of W is decoded once and used for 8 tokens, reading W 8
 // times less often than 8 GEMVs would. That is a correct, reasonable small-batch path; from 16 tokens on,
 // the runtime takes the tensor-core GEMM (gemm.cu) instead.
@@ -28,7 +28,8 @@ constexpr int ROWS_PER_BLOCK = 4;   // warps per block, one output row each
 constexpr int TOKENS_PER_WARP = 8;  // tokens sharing one decoded chunk of W in the n_tokens > 1 path
 
 // A weight format, as one lane sees it: a chunk of VALUES consecutive weights of a row, decoded as
-//     w[j] = scale * q[j] + offset        (offset only where HAS_OFFSET: Q4_1's m, Q4_K's -dmin * min)
+//     w[j] = scale * q[j] + offset        (offset only where HAS_OFFSET: Q4_1's and Q5_1's m, the -dmin * min
+//                                          of Q2_K, Q4_K and Q5_K)
 // so that a chunk's dot product factors into sum_j w[j] x[j] = scale * sum_j q[j] x[j] + offset * sum_j x[j]:
 // the block scale is applied once per chunk, not once per weight.
 
@@ -81,6 +82,34 @@ struct F16x8 {  // in_features % 8 == 0: eight halves in one 16-byte load
             const float2 pair = __half22float2(pairs[k]);
             q[2 * k] = pair.x;
             q[2 * k + 1] = pair.y;
+        }
+        scale = 1.0f;
+        offset = 0.0f;
+    }
+};
+
+struct BF16x1 {  // any in_features
+    static constexpr int VALUES = 1;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        q[0] = bf16_bits_to_float(reinterpret_cast<const std::uint16_t*>(row)[chunk]);
+        scale = 1.0f;
+        offset = 0.0f;
+    }
+};
+
+struct BF16x8 {  // in_features % 8 == 0: eight bfloat16 in one 16-byte load
+    static constexpr int VALUES = 8;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const uint4 raw = reinterpret_cast<const uint4*>(row)[chunk];
+        const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            q[2 * k] = bf16_bits_to_float(words[k] & 0xFFFF);  // value 2k: the low half of word k
+            q[2 * k + 1] = bf16_bits_to_float(words[k] >> 16);
         }
         scale = 1.0f;
         offset = 0.0f;
@@ -179,6 +208,110 @@ struct Q5_0 {  // one 22-byte block per chunk
     }
 };
 
+struct Q5_1 {  // one 24-byte block per chunk
+    static constexpr int VALUES = QK;
+    static constexpr bool HAS_OFFSET = true;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ5_1& block = reinterpret_cast<const BlockQ5_1*>(row)[chunk];
+        // 24-byte blocks keep a 4-byte boundary: d and m in one load, the fifth bits in one, the nibbles in four.
+        const float2 d_and_m = __half22float2(*reinterpret_cast<const __half2*>(&block.d));
+        scale = d_and_m.x;
+        offset = d_and_m.y;
+        const std::uint32_t fifth = *reinterpret_cast<const std::uint32_t*>(block.qh);
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(block.qs);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const std::uint32_t word = words[k];
+#pragma unroll
+            for (int byte = 0; byte < 4; ++byte) {
+                const int j = 4 * k + byte;  // the low nibble is value j, the high nibble value j + 16
+                q[j] = float(((word >> (8 * byte)) & 0xF) | ((fifth >> j) & 1) << 4);
+                q[j + 16] = float(((word >> (8 * byte + 4)) & 0xF) | ((fifth >> (j + 16)) & 1) << 4);
+            }
+        }
+    }
+};
+
+// Four int8 IQ4_NL levels (iq4_nl_levels) as floats, into q[first .. first + 3].
+__device__ __forceinline__ void levels_to_floats(std::uint32_t levels, float* q) {
+#pragma unroll
+    for (int byte = 0; byte < 4; ++byte) q[byte] = float(std::int8_t(levels >> (8 * byte)));
+}
+
+struct IQ4_NL {  // one 18-byte block per chunk
+    static constexpr int VALUES = QK;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockIQ4_NL& block = reinterpret_cast<const BlockIQ4_NL*>(row)[chunk];
+        scale = __half2float(block.d);
+        offset = 0.0f;
+        // An 18-byte stride, as Q4_0's: the nibbles as eight two-byte words, joined in pairs.
+        const std::uint16_t* words = reinterpret_cast<const std::uint16_t*>(block.qs);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            std::uint32_t low, high;  // the levels of values 4k .. 4k + 3 and of 16 + the same
+            iq4_nl_levels(words[2 * k] | (std::uint32_t(words[2 * k + 1]) << 16), low, high);
+            levels_to_floats(low, q + 4 * k);
+            levels_to_floats(high, q + 16 + 4 * k);
+        }
+    }
+};
+
+struct Q2_K {  // one 16-value sub-block (one scale and min) of an 84-byte super-block per chunk
+    static constexpr int VALUES = QK_K / 16;
+    static constexpr bool HAS_OFFSET = true;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ2_K& block = reinterpret_cast<const BlockQ2_K*>(row)[chunk / 16];
+        const int sub_block = chunk % 16;
+        const int h = sub_block / 8;                 // the half of the super-block (layout at BlockQ2_K)
+        const int shift = 2 * (sub_block % 8 / 2);  // the bits of the half's group
+        const int first = 16 * (sub_block % 2);     // the sub-block's first value within its group
+        // 84-byte blocks keep the row's 4-byte alignment: d and dmin in one load, the 16 bytes in four.
+        const float2 d_and_dmin = __half22float2(*reinterpret_cast<const __half2*>(&block.d));
+        const int scale_and_min = block.scales[sub_block];
+        scale = d_and_dmin.x * float(scale_and_min & 0xF);
+        offset = -(d_and_dmin.y * float(scale_and_min >> 4));  // w = scale * q - dmin * min
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(block.qs + 32 * h + first);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const std::uint32_t word = words[k] >> shift;
+#pragma unroll
+            for (int byte = 0; byte < 4; ++byte) q[4 * k + byte] = float((word >> (8 * byte)) & 3);
+        }
+    }
+};
+
+struct Q3_K {  // one 16-value sub-block (one scale) of a 110-byte super-block per chunk
+    static constexpr int VALUES = QK_K / 16;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ3_K& block = reinterpret_cast<const BlockQ3_K*>(row)[chunk / 16];
+        const int sub_block = chunk % 16;
+        const int h = sub_block / 8;           // the half of the super-block (layout at BlockQ3_K)
+        const int group = sub_block % 8 / 2;  // which of the half's four 32-value groups
+        const int first = 16 * (sub_block % 2);
+        scale = __half2float(block.d) * float(q3_k_scale(block.scales, sub_block));
+        offset = 0.0f;
+        // 110-byte blocks: 2-byte boundary only. 16 bytes of qs (two bits each) and 16 of hmask (one bit each,
+        // bit 4h + group), as eight two-byte words each.
+        const std::uint16_t* low_words = reinterpret_cast<const std::uint16_t*>(block.qs + 32 * h + first);
+        const std::uint16_t* high_words = reinterpret_cast<const std::uint16_t*>(block.hmask + first);
+        const int low_shift = 2 * group;
+        const int high_shift = 4 * h + group;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const unsigned low = low_words[k] >> low_shift;
+            const unsigned high = high_words[k] >> high_shift;
+            q[2 * k] = float(int((low & 3) | ((high & 1) << 2)) - 4);
+            q[2 * k + 1] = float(int(((low >> 8) & 3) | (((high >> 8) & 1) << 2)) - 4);
+        }
+    }
+};
+
 struct Q4_K {  // one 32-value sub-block of a 144-byte super-block per chunk
     static constexpr int VALUES = QK;
     static constexpr bool HAS_OFFSET = true;
@@ -200,6 +333,34 @@ struct Q4_K {  // one 32-value sub-block of a 144-byte super-block per chunk
             const std::uint32_t word = words[k] >> shift;
 #pragma unroll
             for (int byte = 0; byte < 4; ++byte) q[4 * k + byte] = float((word >> (8 * byte)) & 0xF);
+        }
+    }
+};
+
+struct Q5_K {  // one 32-value sub-block of a 176-byte super-block per chunk
+    static constexpr int VALUES = QK;
+    static constexpr bool HAS_OFFSET = true;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockQ5_K& block = reinterpret_cast<const BlockQ5_K*>(row)[chunk / 8];
+        const int sub_block = chunk % 8;
+        int sub_scale, sub_min;
+        q4_k_scale_min(block.scales, sub_block, sub_scale, sub_min);
+        // 176-byte blocks keep the row's 4-byte alignment, as Q4_K's.
+        const float2 d_and_dmin = __half22float2(*reinterpret_cast<const __half2*>(&block.d));
+        scale = d_and_dmin.x * float(sub_scale);
+        offset = -(d_and_dmin.y * float(sub_min));
+        // Q4_K's nibbles, and the fifth bits: bit sub_block of qh[0 .. 31].
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(block.qs + 32 * (sub_block / 2));
+        const std::uint32_t* fifth_words = reinterpret_cast<const std::uint32_t*>(block.qh);
+        const int shift = 4 * (sub_block % 2);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const std::uint32_t word = words[k] >> shift;
+            const std::uint32_t fifth = fifth_words[k] >> sub_block;
+#pragma unroll
+            for (int byte = 0; byte < 4; ++byte)
+                q[4 * k + byte] = float(((word >> (8 * byte)) & 0xF) | ((fifth >> (8 * byte)) & 1) << 4);
         }
     }
 };
@@ -229,6 +390,27 @@ struct Q6_K {  // one 16-value sub-block (one scale) of a 210-byte super-block p
             const unsigned high = high_words[k] >> high_shift;
             q[2 * k] = float(int((low & 0xF) | ((high & 3) << 4)) - 32);
             q[2 * k + 1] = float(int(((low >> 8) & 0xF) | (((high >> 8) & 3) << 4)) - 32);
+        }
+    }
+};
+
+struct IQ4_XS {  // one 32-value sub-block of a 136-byte super-block per chunk
+    static constexpr int VALUES = QK;
+    static constexpr bool HAS_OFFSET = false;
+    __device__ static void load(const std::uint8_t* row, int chunk, float (&q)[VALUES], float& scale,
+                                float& offset) {
+        const BlockIQ4_XS& block = reinterpret_cast<const BlockIQ4_XS*>(row)[chunk / 8];
+        const int sub_block = chunk % 8;
+        scale = __half2float(block.d) * float(iq4_xs_scale(block.scales_h, block.scales_l[sub_block / 2], sub_block));
+        offset = 0.0f;
+        // 136-byte blocks keep the row's 4-byte alignment: the sub-block's 16 bytes, an IQ4_NL block's, in four.
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(block.qs + 16 * sub_block);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            std::uint32_t low, high;
+            iq4_nl_levels(words[k], low, high);
+            levels_to_floats(low, q + 4 * k);
+            levels_to_floats(high, q + 16 + 4 * k);
         }
     }
 };
@@ -325,10 +507,7 @@ extern "C" long long minfer_row_bytes(int type, long long n_values) { return row
 extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y, int in_features,
                                      int out_features, int n_tokens, cudaStream_t stream) {
     const long long bytes = row_bytes(type, in_features);
-    if (bytes < 0)
-        return minfer_refuse(
-            "type must be F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K, and in_features a multiple of 32 for "
-            "Q4_0/Q4_1/Q5_0/Q8_0 or of 256 for Q4_K/Q6_K");
+    if (bytes < 0) return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length");
     if (!is_aligned(weight, 4)) return minfer_refuse("weight must be 4-byte aligned");
     // The 16-byte loads need 16-byte aligned rows: an aligned base and a row length that keeps it.
     const bool wide_x = is_aligned(x, 16);
@@ -342,6 +521,10 @@ extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* 
             if (wide_x && wide_w && in_features % 8 == 0)
                 return launch_format<F16x8>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
             return launch_format<F16x1>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_BF16:
+            if (wide_x && wide_w && in_features % 8 == 0)
+                return launch_format<BF16x8>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+            return launch_format<BF16x1>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         default:
             break;
     }
@@ -350,9 +533,17 @@ extern "C" cudaError_t launch_matmul(const void* weight, int type, const float* 
         case GGML_Q4_0: return launch_format<Q4_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         case GGML_Q4_1: return launch_format<Q4_1>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         case GGML_Q5_0: return launch_format<Q5_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q5_1: return launch_format<Q5_1>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         case GGML_Q8_0: return launch_format<Q8_0>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q2_K: return launch_format<Q2_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q3_K: return launch_format<Q3_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         case GGML_Q4_K: return launch_format<Q4_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_Q5_K: return launch_format<Q5_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         case GGML_Q6_K: return launch_format<Q6_K>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_IQ4_NL:
+            return launch_format<IQ4_NL>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
+        case GGML_IQ4_XS:
+            return launch_format<IQ4_XS>(weight, bytes, x, y, in_features, out_features, n_tokens, stream);
         default: return minfer_refuse("no matmul kernel for this GGML type");
     }
 }

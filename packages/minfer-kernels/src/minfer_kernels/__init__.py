@@ -57,7 +57,7 @@ def row_bytes(ggml_type: int, n_values: int) -> int:
         raise ValueError(
             f"GGML type {ggml_type} with {n_values} values per row: not a type the kernels read "
             f"({', '.join(t.name for t in GGMLType)}), or not a whole number of its blocks "
-            "(32 values; 256 for Q4_K and Q6_K)"
+            "(none for F32, F16, BF16; 32 values; 256 for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS)"
         )
     return nbytes
 

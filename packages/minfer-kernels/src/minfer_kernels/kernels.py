@@ -26,6 +26,9 @@ add_f32 = _kernels.add_f32
 mul_f32 = _kernels.mul_f32
 scale_f32 = _kernels.scale_f32
 silu_f32 = _kernels.silu_f32
+gelu_f32 = _kernels.gelu_f32
+softcap_f32 = _kernels.softcap_f32
+slice_f32 = _kernels.slice_f32
 swiglu_f32 = _kernels.swiglu_f32
 add_bias_f32 = _kernels.add_bias_f32
 rms_norm_f32 = _kernels.rms_norm_f32
@@ -58,6 +61,7 @@ __all__ = [
     "attention_decode_workspace_bytes",
     "attention_prefill_f32",
     "embed_rows",
+    "gelu_f32",
     "gemm",
     "gemm_group",
     "gemv",
@@ -71,5 +75,7 @@ __all__ = [
     "rope_f32",
     "scale_f32",
     "silu_f32",
+    "slice_f32",
+    "softcap_f32",
     "swiglu_f32",
 ]
