@@ -7,11 +7,15 @@ Two kinds of fixture:
 - GGUF first (the default model, minfer's synthetic models): the GGUF's weights
   are dequantized with gguf.quants and loaded into transformers' own Llama /
   Qwen2 implementation in float32.
-- transformers first (minfer.testing.hf_reference: Llama 3 RoPE, linear, YaRN):
-  a tiny model is saved by transformers and converted by llama.cpp's own
-  convert_hf_to_gguf.py, as users' files are made; the fixture records the
-  converter's metadata and tensor digest, so the tests can write the same file
-  again without torch (write_reference_gguf), and this script checks they do.
+- transformers first (minfer.testing.hf_reference: Llama 3 RoPE, linear, YaRN;
+  Qwen3, Gemma 3, Phi-3 / Phi-4-mini): a tiny model is saved by transformers and
+  converted by llama.cpp's own convert_hf_to_gguf.py, as users' files are made;
+  the fixture records the converter's metadata and tensor digest, so the tests
+  can write the same file again without torch (write_reference_gguf), and this
+  script checks they do, and that llama.cpp knows every key the file carries.
+  For LongRoPE it records which factors transformers used for each prompt: it
+  picks them by the sequence's length, llama.cpp (and so the test) by the
+  context, and this script checks the two agree at the reference's context.
 
 For each prompt the fixture records the token ids, the last position's logits
 and the greedy continuation. Tests feed the same ids to minfer and compare.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,11 +128,22 @@ def hf_model(gguf: GGUFFile, config: ModelConfig) -> torch.nn.Module:
     return model.eval()
 
 
+def longrope_factors_in_use(model: torch.nn.Module) -> str | None:
+    """Which LongRoPE factors transformers' rotary embedding holds after its last forward ("short" or
+    "long": it picks them by the length of the sequence so far); None for a model without LongRoPE."""
+    rotary = model.model.rotary_emb
+    if getattr(rotary, "rope_type", None) != "longrope":
+        return None
+    return "short" if torch.equal(rotary.inv_freq, rotary.original_inv_freq) else "long"
+
+
 @torch.no_grad()
-def reference_run(model: torch.nn.Module, ids: list[int]) -> tuple[np.ndarray, list[int]]:
-    """Last-position logits for `ids`, and the greedy continuation of CONTINUATION tokens (no early stop)."""
+def reference_run(model: torch.nn.Module, ids: list[int]) -> tuple[np.ndarray, list[int], str | None]:
+    """Last-position logits for `ids`, the greedy continuation of CONTINUATION tokens (no early stop), and
+    the LongRoPE factors transformers used for both (None without LongRoPE)."""
     input_ids = torch.tensor([ids])
     logits = model(input_ids).logits[0, -1].numpy().astype(np.float32)
+    factors = longrope_factors_in_use(model)
     out = model.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
@@ -137,7 +153,13 @@ def reference_run(model: torch.nn.Module, ids: list[int]) -> tuple[np.ndarray, l
         eos_token_id=None,
         pad_token_id=0,
     )
-    return logits, [int(t) for t in out[0, len(ids) :]]
+    if longrope_factors_in_use(model) != factors:
+        raise SystemExit(
+            f"a prompt of {len(ids)} tokens: transformers switched LongRoPE factors while generating, which no "
+            f"engine with a KV cache does; keep prompt + {CONTINUATION} within the original context, or the "
+            "prompt past it"
+        )
+    return logits, [int(t) for t in out[0, len(ids) :]], factors
 
 
 def write_fixture(name: str, path: Path, prompts: list[list[int]], source: str) -> None:
@@ -146,13 +168,32 @@ def write_fixture(name: str, path: Path, prompts: list[list[int]], source: str) 
     save_fixture(name, model, prompts, {"model": source, "weights_sha256": weights_digest(gguf)})
 
 
-def save_fixture(name: str, model: torch.nn.Module, prompts: list[list[int]], meta: dict) -> None:
+def save_fixture(
+    name: str, model: torch.nn.Module, prompts: list[list[int]], meta: dict, context: int | None = None
+) -> None:
+    """Run every prompt and write the fixture. A LongRoPE model needs the `context` the tests run it at:
+    llama.cpp uses the long factors when the context exceeds the original one, and every prompt must have
+    run on the factors that context picks."""
     arrays: dict[str, np.ndarray] = {}
+    used: list[str | None] = []
     for index, ids in enumerate(prompts):
-        logits, continuation = reference_run(model, ids)
+        logits, continuation, factors = reference_run(model, ids)
         arrays[f"ids_{index}"] = np.asarray(ids, dtype=np.int32)
         arrays[f"logits_{index}"] = logits
         arrays[f"greedy_{index}"] = np.asarray(continuation, dtype=np.int32)
+        used.append(factors)
+    if any(used):
+        original = model.config.rope_parameters["original_max_position_embeddings"]
+        picked = "long" if context is not None and context > original else "short"
+        if context is None or set(used) != {picked}:
+            raise SystemExit(
+                f"{name}: transformers used LongRoPE factors {used}; llama.cpp at context {context} picks {picked}"
+            )
+        meta |= {
+            "context": context,
+            "rope_factors": used,
+            "rope_attention_scaling": model.model.rotary_emb.attention_scaling,
+        }
     meta |= {
         "prompts": len(prompts),
         "reference": f"transformers {transformers.__version__} ({type(model).__name__}, eager attention, float32), "
@@ -169,10 +210,10 @@ def save_hf_model(reference: HFReference, folder: Path) -> torch.nn.Module:
     trained on minfer's small corpus: the converter needs some vocabulary, the math does not."""
     import sentencepiece
 
-    config = {key: value for key, value in reference.hf_config().items() if key not in ("architectures", "model_type")}
-    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if reference.architecture == "llama" else (
-        Qwen2Config, Qwen2ForCausalLM)  # fmt: skip
-    model = model_class(config_class(**config, attn_implementation="eager"))
+    hf_config = reference.hf_config()
+    model_class = getattr(transformers, hf_config["architectures"][0])
+    config = {key: value for key, value in hf_config.items() if key not in ("architectures", "model_type")}
+    model = model_class(model_class.config_class(**config, attn_implementation="eager"))
     state = {name: torch.from_numpy(values) for name, values in hf_weights(reference).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (reference.tied and m == "lm_head.weight")]
@@ -206,11 +247,39 @@ def write_converted_fixture(reference: HFReference, llama_cpp: Path, workdir: Pa
         "metadata": recorded_metadata(converted),
         "extra_tensors": {name: [float(v) for v in gguf.tensors[name].data.view(np.float32)] for name in extra},
     }
+    unknown = [key for key, *_ in meta["metadata"] if key not in llama_cpp_keys(llama_cpp, reference.architecture)]
+    if unknown:
+        raise SystemExit(f"{reference.name}: the converter wrote keys llama.cpp does not know: {unknown}")
     copy = write_reference_gguf(workdir / f"{reference.name}-copy.gguf", reference, meta)
     if weights_digest(GGUFFile(copy)) != meta["weights_sha256"]:
         raise SystemExit(f"{reference.name}: write_reference_gguf does not reproduce the converter's tensors")
     prompts = [[int(t) for t in rng.integers(3, reference.vocab_size, size=n)] for n in reference.prompt_lengths]
-    save_fixture(reference.name, model, prompts, meta)
+    save_fixture(reference.name, model, prompts, meta, context=reference.context)
+
+
+def write_gemma3_fixture() -> None:
+    """The real Gemma 3 270M, loaded by transformers from the same GGUF (`gguf_file=`, dequantized to float32):
+    the chat prompts through the built-in Gemma template (the file has none), a plain completion, and the
+    first 700 tokens of the corpus, past the 512-row window of its sliding-window layers."""
+    known = KNOWN_MODELS["gemma3"]
+    path = resolve_model(known.name)
+    gguf = GGUFFile(path)
+    tokenizer = Tokenizer.from_gguf(gguf)
+    template = ChatTemplate.from_gguf(gguf, tokenizer)
+    prompts = [
+        tokenizer.encode(template.render([{"role": "user", "content": text}], add_generation_prompt=True))
+        for text in CHAT_PROMPTS[:3]
+    ]
+    prompts += [tokenizer.encode("The capital of France is"), tokenizer.encode(CORPUS)[:700]]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    meta = {"model": f"{known.requirement}/{known.filename}", "weights_sha256": weights_digest(gguf)}
+    save_fixture("gemma3", model.eval(), prompts, meta)
+
+
+def llama_cpp_keys(llama_cpp: Path, architecture: str) -> set[str]:
+    """Every metadata key llama.cpp names (LLM_KV_NAMES in src/llama-arch.cpp), under `architecture`'s prefix."""
+    source = (llama_cpp / "src/llama-arch.cpp").read_text()
+    return {key % architecture if "%s" in key else key for key in re.findall(r'\{\s*LLM_KV_\w+,\s*"([^"]+)"', source)}
 
 
 def main() -> None:
@@ -237,7 +306,10 @@ def main() -> None:
             tokenizer.encode(template.render([{"role": "user", "content": text}], add_generation_prompt=True))
             for text in CHAT_PROMPTS
         ]
-        write_fixture("smollm2", path, prompts, f"{default.package}=={default.version}/{default.filename}")
+        write_fixture("smollm2", path, prompts, f"{default.requirement}/{default.filename}")
+
+    if wanted("gemma3"):
+        write_gemma3_fixture()
 
     rng = np.random.default_rng(2026)  # the synthetic fixtures' prompts, drawn in this order
     for name, preset, weight_type, seed in SYNTHETIC:

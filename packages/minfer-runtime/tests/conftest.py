@@ -46,6 +46,15 @@ def default_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_model_path() -> Path:
+    """The real Gemma 3 270M (Q4_K_M) in minfer's cache: `nox -s tests` pulls it (`minfer pull gemma3`)."""
+    path = locate(KNOWN_MODELS["gemma3"])
+    if path is None:
+        pytest.skip("gemma3 is not in minfer's cache (minfer pull gemma3; nox -s tests pulls it)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def default_model_gguf(default_model_path: Path) -> GGUFFile:
     """The default model opened once per session: decoding its 49152-token vocabulary takes seconds."""
     return GGUFFile(default_model_path)

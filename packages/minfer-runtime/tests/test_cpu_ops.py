@@ -46,24 +46,39 @@ def test_rope_rotates_the_right_pairs(neox):
     )
 
 
-def test_attention_is_causal_by_position_with_grouped_heads():
+@pytest.mark.parametrize(("window", "scale"), [(0, None), (4, None), (1, 0.3), (50, 0.05)])
+def test_attention_is_causal_by_position_with_grouped_heads(window, scale):
     rng = np.random.default_rng(3)
     n_heads, n_kv_heads, head_dim, n_ctx = 6, 2, 8, 20
     cache_k = rng.standard_normal((n_ctx, n_kv_heads * head_dim)).astype(np.float32)
     cache_v = rng.standard_normal((n_ctx, n_kv_heads * head_dim)).astype(np.float32)
     positions = np.array([9, 10, 11], dtype=np.int32)
     kv_len = 12
+    scale = 1 / math.sqrt(head_dim) if scale is None else scale
     q = rng.standard_normal((3, n_heads * head_dim)).astype(np.float32)
     out = np.full((3, n_heads * head_dim), np.nan, dtype=np.float32)
-    attention(q, cache_k, cache_v, positions, kv_len, n_heads, n_kv_heads, head_dim, out)
+    attention(q, cache_k, cache_v, positions, kv_len, n_heads, n_kv_heads, head_dim, scale, window, out)
     expected = np.zeros((3, n_heads, head_dim))
     for t, pos in enumerate(positions):
+        first = max(0, pos - window + 1) if window else 0  # a sliding window: the last `window` rows
         for h in range(n_heads):
             kv = h // (n_heads // n_kv_heads)
             qh = q[t, h * head_dim : (h + 1) * head_dim].astype(np.float64)
-            keys = cache_k[: pos + 1, kv * head_dim : (kv + 1) * head_dim].astype(np.float64)
-            values = cache_v[: pos + 1, kv * head_dim : (kv + 1) * head_dim].astype(np.float64)
-            scores = keys @ qh / math.sqrt(head_dim)
+            keys = cache_k[first : pos + 1, kv * head_dim : (kv + 1) * head_dim].astype(np.float64)
+            values = cache_v[first : pos + 1, kv * head_dim : (kv + 1) * head_dim].astype(np.float64)
+            scores = keys @ qh * scale
             p = np.exp(scores - scores.max())
             expected[t, h] = (p / p.sum()) @ values
     np.testing.assert_allclose(out, expected.reshape(3, -1), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_of_every_head_when_the_weight_is_one_head_long():
+    """qwen3's and gemma3's q/k norm: the same RMSNorm, over each run of len(weight) values."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 4 * 16)).astype(np.float32)
+    weight = rng.standard_normal(16).astype(np.float32)
+    out = np.empty_like(x)
+    rms_norm(x, weight, 1e-6, out)
+    heads = x.reshape(3, 4, 16).astype(np.float64)
+    expected = heads / np.sqrt(np.mean(heads**2, axis=-1, keepdims=True) + 1e-6) * weight
+    np.testing.assert_allclose(out, expected.reshape(3, -1), rtol=1e-5, atol=1e-6)

@@ -24,7 +24,7 @@ def structure(graph: Graph) -> list[tuple]:
     ]
 
 
-@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2.5-0.5b"])
+@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "gemma3-270m", "phi4-mini-small"])
 def test_graph_has_every_layer_and_reads_every_weight(preset):
     config = PRESETS[preset].config()
     graph = build_graph(config, 7, 256)
@@ -35,6 +35,44 @@ def test_graph_has_every_layer_and_reads_every_weight(preset):
     ops = [n.op for n in graph.nodes]
     assert ops.count(Op.ATTENTION) == ops.count(Op.KV_STORE) == config.n_layers
     assert ops.count(Op.ADD_BIAS) == (3 * config.n_layers if config.qkv_bias else 0)
+
+
+def test_qwen3_norms_every_head_of_q_and_k_before_rope():
+    config = PRESETS["qwen3-0.6b"].config()
+    nodes = {n.name: n for n in build_graph(config, 3, 64).nodes}
+    for part, width in (("q", config.q_dim), ("k", config.kv_dim)):
+        norm = nodes[f"blk.0.attn_{part}_norm"]
+        assert norm.op is Op.RMS_NORM and norm.inputs[1].shape == (config.head_dim,) and norm.output.shape == (3, width)
+        assert nodes[f"blk.0.rope_{part}"].inputs[0] is norm.output
+    assert config.q_dim == 2048 != config.d_model
+
+
+def test_gemma3_layers_window_scale_and_cap_as_llama_cpp_does():
+    config = scaled("gemma3-270m", final_logit_softcap=30.0).config()
+    graph = build_graph(config, 3, 1024)
+    nodes = {n.name: n for n in graph.nodes}
+    assert nodes["embed_scale"].params["factor"] == pytest.approx(640**0.5)
+    windows = [nodes[f"blk.{layer}.attention"].params["window"] for layer in range(config.n_layers)]
+    assert windows == [0 if layer % 6 == 5 else 512 for layer in range(18)]
+    tables = [nodes[f"blk.{layer}.rope_q"].inputs[2].name for layer in range(config.n_layers)]
+    assert tables == ["rope.inv_freq" if layer % 6 == 5 else "rope.inv_freq_local" for layer in range(18)]
+    assert {nodes[f"blk.{layer}.attention"].params["scale"] for layer in range(18)} == {1 / 16}
+    for norm in ("post_attention_norm", "post_ffw_norm"):
+        assert nodes[f"blk.0.{norm}"].inputs[1].name == f"blk.0.{norm}.weight"
+    assert nodes["blk.0.ffn_gelu"].op is Op.GELU
+    assert graph.outputs["logits"] is nodes["output_softcap"].output and nodes["output_softcap"].params["cap"] == 30.0
+    np.testing.assert_allclose(graph.constants["rope.inv_freq_local"][1], 10000 ** (-2 / 256))
+
+
+def test_phi3_slices_its_fused_projections():
+    config = PRESETS["phi4-mini-small"].config()
+    nodes = {n.name: n for n in build_graph(config, 2, 64).nodes}
+    starts = {part: nodes[f"blk.0.attn_qkv.{part}"].params["start"] for part in "qkv"}
+    assert starts == {"q": 0, "k": config.q_dim, "v": config.q_dim + config.kv_dim}
+    assert nodes["blk.0.ffn_up.up"].params["start"] == config.d_ff and nodes["blk.0.ffn_silu"].inputs[0].name == (
+        "blk.0.ffn_up.gate"
+    )
+    assert nodes["blk.0.rope_q"].params["rope_dim"] == 48 < config.head_dim
 
 
 def test_activation_names_never_collide_with_weight_names():

@@ -16,7 +16,14 @@ from minfer.errors import ModelFileError
 from minfer.gguf_file import GGUFFile
 from minfer.models.audit import audit
 from minfer.models.config import ModelConfig
-from minfer.models.rope import FREQ_FACTORS_TENSOR, RopeConfig, rope_table, yarn_correction_range
+from minfer.models.rope import (
+    FREQ_FACTORS_TENSOR,
+    LONG_FACTORS_TENSOR,
+    SHORT_FACTORS_TENSOR,
+    RopeConfig,
+    rope_table,
+    yarn_correction_range,
+)
 from minfer.testing.synthetic import rewrite_gguf
 
 U32, F32, STR, BOOL = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING, GGUFValueType.BOOL
@@ -40,7 +47,7 @@ def refused(gguf: GGUFFile, pattern: str) -> None:
 
 
 def test_the_synthetic_models_are_fully_accounted_for(synthetic_model):
-    for preset in ("tiny-llama", "tiny-qwen2"):
+    for preset in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3"):
         gguf = GGUFFile(synthetic_model(preset))
         accounted = audit(gguf, ModelConfig.from_gguf(gguf))
         assert set(accounted.read_keys) | set(accounted.ignored_keys) == set(gguf.metadata)
@@ -109,13 +116,12 @@ def test_a_one_dimensional_token_embedding_is_refused(variant):
     ("key", "value", "kind", "feature"),
     [
         ("llama.expert_count", 8, U32, "mixture of experts"),
-        ("llama.attention.sliding_window", 4096, U32, "sliding-window attention"),
         ("llama.final_logit_softcapping", 30.0, F32, "final logit soft-capping"),
         ("llama.attn_logit_softcapping", 50.0, F32, "attention logit soft-capping"),
         ("llama.attention.causal", False, BOOL, "non-causal attention"),
         ("llama.attention.scale", 0.5, F32, "attention scale other than"),
         ("llama.embedding_scale", 12.0, F32, "scaled embeddings"),
-        ("tokenizer.ggml.add_eos_token", True, BOOL, "EOS appended to every prompt"),
+        ("tokenizer.ggml.add_space_prefix", True, BOOL, "space prefix on every prompt"),
     ],
 )
 def test_math_changing_keys_are_refused_unless_neutral(variant, key, value, kind, feature):
@@ -126,10 +132,9 @@ def test_math_changing_keys_are_refused_unless_neutral(variant, key, value, kind
     ("key", "value", "kind"),
     [
         ("llama.expert_count", 0, U32),
-        ("llama.attention.sliding_window", 0, U32),
         ("llama.attention.causal", True, BOOL),
         ("llama.attention.scale", 0.25, F32),  # 1/sqrt(16), the tiny model's head size
-        ("tokenizer.ggml.add_eos_token", False, BOOL),
+        ("tokenizer.ggml.add_space_prefix", False, BOOL),
     ],
 )
 def test_math_changing_keys_at_their_neutral_value_are_accepted_and_listed(variant, key, value, kind):
@@ -258,3 +263,51 @@ def test_a_vocabulary_other_than_the_embedding_rows_is_refused(variant, default_
             "tokenizer.ggml.token_type": ([1] * count, GGUFValueType.ARRAY),
         }
         refused(variant(set_keys=keys), rf"tokenizer\.ggml\.tokens has {count} tokens but token_embd\.weight has 512")
+
+
+def test_a_sliding_window_is_honoured_on_every_layer_of_a_llama_file(variant):
+    """Mistral-style files: transformers applies the window to every layer, and so does minfer (never ignored)."""
+    config = ModelConfig.from_gguf(variant(set_keys={"llama.attention.sliding_window": (4096, U32)}))
+    assert (config.sliding_window, config.windowed_layers) == (4096, (True, True))
+    assert [config.layer_window(layer) for layer in range(2)] == [4096, 4096]
+
+
+def test_gemma3_windows_five_layers_of_six_with_their_own_rope(variant):
+    config = ModelConfig.from_gguf(variant("tiny-gemma3"))
+    assert config.windowed_layers == (True, True, True, True, True, False)
+    assert config.rope_local.freq_base == 10000.0 and config.rope.freq_base == 1e6
+    pattern = variant("tiny-gemma3", set_keys={"gemma3.attention.sliding_window_pattern": (2, U32)})
+    assert ModelConfig.from_gguf(pattern).windowed_layers == (True, False) * 3
+    per_layer = [False, True, True, False, True, True]
+    listed = variant(
+        "tiny-gemma3", set_keys={"gemma3.attention.sliding_window_pattern": (per_layer, GGUFValueType.ARRAY)}
+    )
+    assert ModelConfig.from_gguf(listed).windowed_layers == tuple(per_layer)
+
+
+@pytest.mark.parametrize(
+    ("preset", "key", "value", "kind", "pattern"),
+    [
+        ("tiny-gemma3", "gemma3.attention.sliding_window_pattern", [True, False], GGUFValueType.ARRAY,
+         r"must hold one bool per layer \(6\)"),
+        ("tiny-gemma3", "gemma3.final_logit_softcapping", -1.0, F32, r"must be a positive number"),
+        ("tiny-gemma3", "gemma3.rope.freq_base_swa", 0.0, F32, r"'gemma3\.rope\.freq_base_swa' must be positive"),
+        ("tiny-llama", "llama.attention.sliding_window", -1, GGUFValueType.INT32, r"must be 0 \(none\) or positive"),
+    ],
+)  # fmt: skip
+def test_broken_window_and_softcap_values_are_refused(variant, preset, key, value, kind, pattern):
+    refused(variant(preset, set_keys={key: (value, kind)}), pattern)
+
+
+def test_gemma_only_keys_stay_refused_on_other_architectures(variant):
+    refused(variant(set_keys={"llama.final_logit_softcapping": (30.0, F32)}), "turns on final logit soft-capping")
+
+
+def test_longrope_needs_both_factor_sets(variant):
+    factors = np.linspace(1.0, 2.0, 6, dtype=np.float32)  # tiny-phi3 rotates 12 dimensions: 6 pairs
+    keys = {"phi3.rope.scaling.original_context_length": (256, U32)}
+    refused(variant("tiny-phi3", set_keys=keys, add_tensors={LONG_FACTORS_TENSOR: factors}), "LongRoPE needs both")
+    both = {LONG_FACTORS_TENSOR: factors * 4, SHORT_FACTORS_TENSOR: factors}
+    rope = ModelConfig.from_gguf(variant("tiny-phi3", set_keys=keys, add_tensors=both)).rope
+    assert rope.for_context(256).freq_factors == tuple(float(f) for f in factors)
+    assert rope.for_context(257).freq_factors == tuple(float(f) for f in factors * 4)

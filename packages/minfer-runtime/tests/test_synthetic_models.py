@@ -10,8 +10,9 @@ from gguf import quants as gguf_quants
 
 import minfer
 from minfer.gguf_file import GGUFFile
+from minfer.models.config import ModelConfig
 from minfer.testing.quantize import quantize
-from minfer.testing.synthetic import WEIGHT_TYPES, q4_k_m_type, scaled, uses_more_bits
+from minfer.testing.synthetic import PRESETS, WEIGHT_TYPES, q4_k_m_type, scaled, uses_more_bits, write_synthetic_model
 
 # Relative error bounds of a round trip through the quantizer and gguf's dequantizer (‖Δ‖ / ‖x‖), about one
 # code step over the values' spread: a 2-bit code with an offset per 16 values lands near 1/3 of a sub-block's
@@ -91,3 +92,11 @@ def test_a_model_of_each_type_loads_and_matches_its_float32_weights_on_cpu(synth
     for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight"):
         tensor = gguf.tensor(name)
         np.testing.assert_array_equal(engine.backend.weights[name], gguf_quants.dequantize(tensor.data, tensor.qtype))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_presets_config_is_what_the_engine_reads_from_its_file(preset, tmp_path):
+    """SyntheticSpec.config() (the graph tests' config) and ModelConfig.from_gguf agree, field by field."""
+    spec = scaled(preset, n_layers=min(PRESETS[preset].n_layers, 6), vocab_size=512, d_ff=64)
+    path = write_synthetic_model(tmp_path / "model.gguf", spec, weight_type="F16")
+    assert ModelConfig.from_gguf(GGUFFile(path)) == spec.config()

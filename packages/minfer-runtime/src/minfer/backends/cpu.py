@@ -40,9 +40,11 @@ def physical_memory_bytes() -> int | None:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
-    mean_square = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
-    np.multiply(x, 1.0 / np.sqrt(mean_square + eps), out=out)
-    out *= weight
+    """Each run of len(weight) values of x normalised and scaled by weight: a row, or each head of a row."""
+    runs, out_runs = x.reshape(-1, weight.shape[0]), out.reshape(-1, weight.shape[0])
+    mean_square = np.mean(np.square(runs, dtype=np.float32), axis=-1, keepdims=True)
+    np.multiply(runs, 1.0 / np.sqrt(mean_square + eps), out=out_runs)
+    out_runs *= weight
 
 
 def rope_inplace(
@@ -83,17 +85,22 @@ def attention(
     n_heads: int,
     n_kv_heads: int,
     head_dim: int,
+    scale: float,
+    window: int,
     out: np.ndarray,
 ) -> None:
-    """Grouped-query attention over cache rows [0, kv_len); query t sees keys at positions <= positions[t]."""
+    """Grouped-query attention over cache rows [0, kv_len); query t sees keys at positions <= positions[t],
+    and with a sliding `window` (0: none) only the last `window` of them: a key is hidden once
+    positions[t] - row >= window (llama.cpp's is_masked_swa, transformers' sliding mask)."""
     n = q.shape[0]
     group = n_heads // n_kv_heads
     queries = q.reshape(n, n_kv_heads, group, head_dim)
     keys = cache_k[:kv_len].reshape(kv_len, n_kv_heads, head_dim)
     values = cache_v[:kv_len].reshape(kv_len, n_kv_heads, head_dim)
-    scores = np.einsum("nkgd,tkd->kgnt", queries, keys) / np.float32(np.sqrt(head_dim))
-    future = np.arange(kv_len)[None, :] > positions[:, None]  # [n, kv_len]
-    scores[..., future] = -np.inf
+    scores = np.einsum("nkgd,tkd->kgnt", queries, keys) * np.float32(scale)
+    distance = positions[:, None] - np.arange(kv_len)[None, :]  # [n, kv_len]
+    hidden = (distance < 0) | (distance >= window) if window else distance < 0
+    scores[..., hidden] = -np.inf
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
@@ -168,13 +175,30 @@ class CpuCompiledGraph(CompiledGraph):
     def attention(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         q, cache_k, cache_v, positions, kv_len = ins
         p = node.params
-        attention(q, cache_k, cache_v, positions, int(kv_len[0]), p["n_heads"], p["n_kv_heads"], p["head_dim"], out)
+        attention(
+            q, cache_k, cache_v, positions, int(kv_len[0]), p["n_heads"], p["n_kv_heads"], p["head_dim"],
+            p["scale"], p["window"], out,
+        )  # fmt: skip
 
     def add(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out += ins[1 - node.inplace_input]
 
+    def scale(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out *= np.float32(node.params["factor"])
+
     def silu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out /= 1.0 + np.exp(-out)
+
+    def gelu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        out[...] = 0.5 * out * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (out + np.float32(0.044715) * out**3)))
+
+    def softcap(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        cap = np.float32(node.params["cap"])
+        out[...] = cap * np.tanh(out / cap)
+
+    def slice(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        start = node.params["start"]
+        out[...] = ins[0][:, start : start + out.shape[1]]
 
     def mul(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out *= ins[1 - node.inplace_input]
@@ -206,8 +230,12 @@ OPS: dict[Op, CpuOp] = {
     Op.KV_STORE: CpuCompiledGraph.kv_store,
     Op.ATTENTION: CpuCompiledGraph.attention,
     Op.ADD: CpuCompiledGraph.add,
+    Op.SCALE: CpuCompiledGraph.scale,
     Op.SILU: CpuCompiledGraph.silu,
+    Op.GELU: CpuCompiledGraph.gelu,
     Op.MUL: CpuCompiledGraph.mul,
+    Op.SOFTCAP: CpuCompiledGraph.softcap,
+    Op.SLICE: CpuCompiledGraph.slice,
     Op.LAST_ROW: CpuCompiledGraph.last_row,
 }
 

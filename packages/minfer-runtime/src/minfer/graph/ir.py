@@ -47,15 +47,20 @@ class Op(enum.Enum):
     (`Backend.lower`: the CUDA backend's fused ops, backends/cuda/fuse.py), never the model."""
 
     EMBED = "embed"  # rows of a (quantized) table picked by token id
-    RMS_NORM = "rms_norm"  # x / rms(x) * weight, per row
+    RMS_NORM = "rms_norm"  # x / rms(x) * weight over each run of len(weight) values: a row, or a head of one
     MATMUL = "matmul"  # y[t, o] = sum_i W[o, i] x[t, i]; W stays in its GGUF format
     ADD_BIAS = "add_bias"  # in place: y[t, i] += b[i]
     ROPE = "rope"  # in place: rotary position embedding; positions from an input, frequencies from a constant
     KV_STORE = "kv_store"  # K and V rows written into the persistent cache at their positions
-    ATTENTION = "attention"  # grouped-query attention over the cache, causal by position
+    ATTENTION = "attention"  # grouped-query attention over the cache, causal by position (a sliding window
+    #                          of the last `window` rows when it is not 0), scores `scale` * q.k
     ADD = "add"  # in place into one operand: residual connections
+    SCALE = "scale"  # in place: x * factor (Gemma's embeddings times sqrt(d))
     SILU = "silu"  # in place: x * sigmoid(x)
+    GELU = "gelu"  # in place: the tanh approximation of GELU (Gemma's gated FFN)
     MUL = "mul"  # in place into one operand: elementwise product (the gate of a gated FFN)
+    SOFTCAP = "softcap"  # in place: cap * tanh(x / cap) (Gemma's final logits)
+    SLICE = "slice"  # columns start .. start + width - 1 of every row (a fused projection's parts)
     LAST_ROW = "last_row"  # the final token's row: only its logits are needed
 
 

@@ -10,7 +10,7 @@ from minfer.models.config import ModelConfig
 
 ForwardPass = Callable[[ModelConfig, int, int], Graph]  # (config, n_tokens, n_ctx) -> graph
 
-BUILDERS: dict[str, ForwardPass] = {"llama": llama.build_graph, "qwen2": llama.build_graph}
+BUILDERS: dict[str, ForwardPass] = dict.fromkeys(("llama", "qwen2", "qwen3", "gemma3", "phi3"), llama.build_graph)
 
 
 def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from minfer.errors import ModelFileError
 from minfer.gguf_file import GGUFFile, printable
-from minfer.models.rope import FREQ_FACTORS_TENSOR
+from minfer.models.rope import FACTOR_TENSORS
 
 
 class AuditedConfig(Protocol):
@@ -51,6 +51,8 @@ ARCH_KEYS_READ = frozenset(
         "attention.key_length",
         "attention.value_length",
         "attention.layer_norm_rms_epsilon",
+        "attention.sliding_window",
+        "attention.sliding_window_pattern",
         "rope.freq_base",
         "rope.dimension_count",
         "rope.scaling.type",
@@ -64,6 +66,8 @@ ARCH_KEYS_READ = frozenset(
         "rope.scaling.yarn_ext_factor",
     }
 )
+# Keys only some architectures' graphs read (models/config.py): elsewhere they are checked as ARCH_KEYS_NEUTRAL.
+ARCH_KEYS_READ_BY = {"gemma3": frozenset({"rope.freq_base_swa", "final_logit_softcapping"})}
 ARCH_KEYS_IGNORED = {
     "rope.scaling.finetuned": "says whether the model was fine-tuned at the extended context; no computation uses it",
 }
@@ -88,7 +92,6 @@ def _default_attention_scale(value: Any, config: AuditedConfig) -> bool:
 
 ARCH_KEYS_NEUTRAL = {
     "attention.causal": Neutral("non-causal attention", _equals(True)),
-    "attention.sliding_window": Neutral("sliding-window attention", _equals(0)),
     "attention.clamp_kqv": Neutral("q/k/v clamping", _equals(0)),
     "attention.scale": Neutral("attention scale other than 1/sqrt(head size)", _default_attention_scale),
     "attn_logit_softcapping": Neutral("attention logit soft-capping", _equals(0)),
@@ -115,14 +118,19 @@ TOKENIZER_KEYS_READ = frozenset(
         "tokenizer.ggml.eot_token_id",
         "tokenizer.ggml.eom_token_id",
         "tokenizer.ggml.add_bos_token",
+        "tokenizer.ggml.add_eos_token",
         "tokenizer.chat_template",
     }
 )
+# Keys only a SentencePiece vocabulary's tokenizer reads (tokenizer.ggml.model = llama: tokenizer_spm.py); a
+# byte-level BPE file's are checked by TOKENIZER_KEYS_IGNORED and TOKENIZER_KEYS_NEUTRAL, as llama.cpp treats them.
+SENTENCEPIECE_KEYS_READ = frozenset({"tokenizer.ggml.scores", "tokenizer.ggml.add_space_prefix"})
 _SPECIAL_IDS = "a special token for tasks other than chat generation (padding, masking, fill-in-the-middle)"
 TOKENIZER_KEYS_IGNORED = {
     "tokenizer.ggml.scores": "BPE vocabularies merge by rank, not score (llama.cpp ignores them too)",
     "tokenizer.ggml.token_type_count": "a count llama.cpp uses only for BERT-style segment types",
-    "tokenizer.ggml.unknown_token_id": "byte-level BPE never produces an unknown token",
+    "tokenizer.ggml.unknown_token_id": "minfer's tokenizers never produce an unknown token: byte-level BPE spells "
+    "every byte, and SentencePiece falls back to byte tokens",
     "tokenizer.ggml.seperator_token_id": _SPECIAL_IDS,
     "tokenizer.ggml.padding_token_id": _SPECIAL_IDS,
     "tokenizer.ggml.cls_token_id": _SPECIAL_IDS,
@@ -140,7 +148,6 @@ TOKENIZER_KEYS_IGNORED = {
 }
 # Tokenizer keys that change how prompts are encoded: accepted only at the value minfer's BPE assumes.
 TOKENIZER_KEYS_NEUTRAL = {
-    "tokenizer.ggml.add_eos_token": Neutral("EOS appended to every prompt", _equals(False)),
     "tokenizer.ggml.add_sep_token": Neutral("separator appended to every prompt", _equals(False)),
     "tokenizer.ggml.add_space_prefix": Neutral("space prefix on every prompt", _equals(False)),
     "tokenizer.ggml.remove_extra_whitespaces": Neutral("whitespace collapsed in every prompt", _equals(False)),
@@ -188,7 +195,7 @@ def _key_verdict(gguf: GGUFFile, config: AuditedConfig, key: str) -> str | None:
     arch_prefix = f"{config.architecture}."
     if key.startswith(arch_prefix):
         name = key[len(arch_prefix) :]
-        if name in ARCH_KEYS_READ:
+        if name in ARCH_KEYS_READ or name in ARCH_KEYS_READ_BY.get(config.architecture, ()):
             return None
         if name in ARCH_KEYS_IGNORED:
             return ARCH_KEYS_IGNORED[name]
@@ -200,6 +207,8 @@ def _key_verdict(gguf: GGUFFile, config: AuditedConfig, key: str) -> str | None:
         )
     if key.startswith("tokenizer."):
         if key in TOKENIZER_KEYS_READ:
+            return None
+        if key in SENTENCEPIECE_KEYS_READ and gguf.metadata.get("tokenizer.ggml.model") == "llama":
             return None
         if key in TOKENIZER_KEYS_IGNORED:
             return TOKENIZER_KEYS_IGNORED[key]
@@ -245,9 +254,9 @@ def _check_tensors(gguf: GGUFFile, config: AuditedConfig) -> tuple[str, ...]:
     """Every tensor of the file must be one the graphs read (config.expected_tensors, and the RoPE
     frequency factors, which models/rope.py reads)."""
     expected = config.expected_tensors()
-    read = [*expected, *([FREQ_FACTORS_TENSOR] if FREQ_FACTORS_TENSOR in gguf.tensors else [])]
+    read = [*expected, *(name for name in FACTOR_TENSORS if name in gguf.tensors)]
     for name in gguf.tensors:
-        if name in expected or name == FREQ_FACTORS_TENSOR:
+        if name in expected or name in FACTOR_TENSORS:
             continue
         layer = re.match(r"blk\.(\d+)\.", name)
         if layer and int(layer.group(1)) >= config.n_layers:

@@ -18,6 +18,11 @@ transformers' `modeling_rope_utils` (the math reference the tests compare agains
             mscale = attention_factor, or 0.1 ln(factor) + 1 (the YaRN paper's attention temperature)
 
 and mscale is multiplied by `rope.scaling.attn_factor` for every kind, as llama.cpp does.
+
+LongRoPE (Phi-3 128k, Phi-4-mini) stores two sets of per-pair divisors, `rope_factors_short.weight` and
+`rope_factors_long.weight`, used as rope_freqs is: llama.cpp picks the long ones when the context it runs
+with exceeds `rope.scaling.original_context_length` (llama_model::get_rope_factors), and so does
+`RopeConfig.for_context`; the converter stores LongRoPE's attention factor as `rope.scaling.attn_factor`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from minfer.gguf_file import GGUFFile, printable
 
 SCALING_KINDS = ("none", "linear", "yarn")
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-pair divisors of the frequencies (Llama 3.x)
+SHORT_FACTORS_TENSOR = "rope_factors_short.weight"  # LongRoPE's divisors up to the original context
+LONG_FACTORS_TENSOR = "rope_factors_long.weight"  # and beyond it
+FACTOR_TENSORS = (FREQ_FACTORS_TENSOR, SHORT_FACTORS_TENSOR, LONG_FACTORS_TENSOR)
 # transformers' and llama.cpp's defaults for the YaRN ramp (the paper's alpha and beta).
 YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
@@ -51,7 +59,14 @@ class RopeConfig:
     beta_fast: float = YARN_BETA_FAST
     beta_slow: float = YARN_BETA_SLOW
     ext_factor: float = 1.0  # yarn: how much of the ramp is extrapolated (1 in every published model)
-    freq_factors: tuple[float, ...] | None = None  # rope_freqs.weight, n_rot/2 values
+    freq_factors: tuple[float, ...] | None = None  # rope_freqs.weight (or LongRoPE's short set), n_rot/2 values
+    long_factors: tuple[float, ...] | None = None  # LongRoPE's set for a context past original_context
+
+    def for_context(self, n_ctx: int) -> RopeConfig:
+        """The RoPE a session of `n_ctx` positions runs: LongRoPE's long factors past the original context."""
+        if self.long_factors is not None and n_ctx > self.original_context:
+            return replace(self, freq_factors=self.long_factors)
+        return self
 
     def describe(self) -> str:
         layout = "neox" if self.neox else "normal"
@@ -60,7 +75,9 @@ class RopeConfig:
             text += f", linear scaling x{self.factor:g}"
         elif self.scaling == "yarn":
             text += f", yarn x{self.factor:g} from {self.original_context} (beta {self.beta_fast:g}/{self.beta_slow:g})"
-        if self.freq_factors is not None:
+        if self.long_factors is not None:
+            text += f", LongRoPE (long factors past {self.original_context} positions)"
+        elif self.freq_factors is not None:
             text += f", per-pair factors from {FREQ_FACTORS_TENSOR}"
         if self.attn_factor != 1.0:
             text += f", attn factor {self.attn_factor:g}"
@@ -141,8 +158,21 @@ def read_rope_config(gguf: GGUFFile, arch: str, n_rot: int, default_base: float,
         scaling=kind,
         factor=factor,
         attn_factor=positive("scaling.attn_factor", gguf.get_float(key("scaling.attn_factor"), 1.0)),
-        freq_factors=read_freq_factors(gguf, n_rot),
+        freq_factors=read_freq_factors(gguf, FREQ_FACTORS_TENSOR, n_rot),
     )
+    short, long = (read_freq_factors(gguf, name, n_rot) for name in (SHORT_FACTORS_TENSOR, LONG_FACTORS_TENSOR))
+    if (short is None) != (long is None) or (short is not None and rope.freq_factors is not None):
+        raise ModelFileError(
+            f"{gguf.path}: LongRoPE needs both '{SHORT_FACTORS_TENSOR}' and '{LONG_FACTORS_TENSOR}', and no "
+            f"'{FREQ_FACTORS_TENSOR}' beside them"
+        )
+    if short is not None:
+        original = gguf.get_int(key("scaling.original_context_length"))
+        if original <= 0:
+            raise ModelFileError(
+                f"{gguf.path}: metadata key '{key('scaling.original_context_length')}' must be positive"
+            )
+        rope = replace(rope, freq_factors=short, long_factors=long, original_context=original)
     if kind != "yarn":
         return rope
     original = gguf.get_int(key("scaling.original_context_length"), n_ctx)
@@ -165,19 +195,18 @@ def read_rope_config(gguf: GGUFFile, arch: str, n_rot: int, default_base: float,
     )
 
 
-def read_freq_factors(gguf: GGUFFile, n_rot: int) -> tuple[float, ...] | None:
-    """rope_freqs.weight, when the file has it: n_rot/2 positive finite F32 values."""
-    tensor = gguf.tensors.get(FREQ_FACTORS_TENSOR)
+def read_freq_factors(gguf: GGUFFile, name: str, n_rot: int) -> tuple[float, ...] | None:
+    """Tensor `name` of per-pair divisors (one of FACTOR_TENSORS), when the file has it: n_rot/2 positive
+    finite F32 values."""
+    tensor = gguf.tensors.get(name)
     if tensor is None:
         return None
     if tensor.shape != (n_rot // 2,) or tensor.qtype is not GGMLQuantizationType.F32:
         raise ModelFileError(
-            f"{gguf.path}: tensor '{FREQ_FACTORS_TENSOR}' is {tensor.qtype.name} {list(tensor.shape)}; "
+            f"{gguf.path}: tensor '{name}' is {tensor.qtype.name} {list(tensor.shape)}; "
             f"expected F32 [{n_rot // 2}] (one factor per rotated pair)"
         )
     factors = tensor.data.view(np.float32)
     if not (np.isfinite(factors).all() and (factors > 0).all()):
-        raise ModelFileError(
-            f"{gguf.path}: tensor '{FREQ_FACTORS_TENSOR}' holds values that are not positive and finite"
-        )
+        raise ModelFileError(f"{gguf.path}: tensor '{name}' holds values that are not positive and finite")
     return tuple(float(f) for f in factors)

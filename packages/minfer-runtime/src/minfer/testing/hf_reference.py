@@ -1,17 +1,18 @@
 """Reference models made the way users' files are made: transformers' config, llama.cpp's converter.
 
-Each `HFReference` is a tiny Hugging Face model (LlamaForCausalLM or Qwen2ForCausalLM) with a RoPE
-variant people download — Llama 3's scaled frequencies, linear scaling, YaRN — and random weights drawn
-from a seed. `nox -s reference` (tools/make_reference_fixtures.py) saves it with transformers, converts
-it with llama.cpp's own `convert_hf_to_gguf.py` and records what transformers computes on it, together
-with the converter's metadata and a digest of the converter's tensors.
+Each `HFReference` is a tiny Hugging Face model of a family people download (Llama with each RoPE
+scaling, Qwen2, Qwen3, Gemma 3, Phi-3 / Phi-4-mini) with random weights drawn from a seed.
+`nox -s reference` (tools/make_reference_fixtures.py) saves it with transformers, converts it with
+llama.cpp's own `convert_hf_to_gguf.py` and records what transformers computes on it, together with
+the converter's metadata and a digest of the converter's tensors.
 
 The tests cannot run torch or the converter, and the models are never committed. So
 `write_reference_gguf` writes the same GGUF again from the seed and the recorded metadata: the weights
-laid out as the converter lays them out (Q and K rows permuted for llama's adjacent-pair RoPE), every
-metadata key exactly as the converter wrote it. The recorded digest proves the copy is the converter's
-file, tensor for tensor; only the vocabulary differs (minfer's synthetic one: the converter needs a real
-tokenizer, the math does not).
+named and laid out as the converter writes them (gguf-py's tensor map, which the converter uses; Q and
+K rows permuted for llama's adjacent-pair RoPE; 1 added to Gemma's norm weights; LongRoPE's factors as
+tensors), every metadata key exactly as the converter wrote it. The recorded digest proves the copy is
+the converter's file, tensor for tensor; only the vocabulary differs (minfer's synthetic one: the
+converter needs a real tokenizer, the math does not).
 """
 
 from __future__ import annotations
@@ -23,40 +24,75 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import MODEL_ARCH, MODEL_TENSOR, TENSOR_NAMES, GGUFValueType, GGUFWriter, get_tensor_name_map
 
 from minfer.gguf_file import GGUFFile
 from minfer.testing.vocab import add_tokenizer_metadata
 
+# transformers' class and model_type for each GGUF architecture.
+HF_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
+}
+# Real Gemma 3 models alternate five sliding-window layers with one global layer (llama.cpp's default
+# pattern for gemma3 when the file has no attention.sliding_window_pattern, as the converter writes it).
+GEMMA3_PATTERN = 6
+ROPE_FACTORS_LONG = TENSOR_NAMES[MODEL_TENSOR.ROPE_FACTORS_LONG] + ".weight"
+ROPE_FACTORS_SHORT = TENSOR_NAMES[MODEL_TENSOR.ROPE_FACTORS_SHORT] + ".weight"
+
 
 @dataclass(frozen=True)
 class HFReference:
-    """A tiny transformers model: its config (transformers' names) and the seed of its weights."""
+    """A tiny transformers model: its config (transformers' names), the seed of its weights, its prompts
+    and the context the engine runs it with in the tests."""
 
     name: str
-    architecture: str  # "llama" or "qwen2"
-    rope_parameters: dict[str, Any]  # transformers' rope_parameters, rope_theta included
+    architecture: str  # the GGUF architecture: a key of HF_ARCHITECTURES
+    rope_parameters: dict[str, Any]  # transformers' rope_parameters (gemma3: one dict per layer type)
     tied: bool
     seed: int
     hidden_size: int = 128
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
+    head_dim: int | None = None  # None: hidden_size / num_attention_heads
     intermediate_size: int = 256
     vocab_size: int = 512
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-5
+    sliding_window: int | None = None  # gemma3: its sliding layers' window; phi3: every layer's
+    final_logit_softcapping: float | None = None  # gemma3
     prompt_lengths: tuple[int, ...] = field(default=(1, 7, 33, 640, 900))
+    # The engine's context in the tests: LongRoPE picks its factors by it, as llama.cpp does (long ones
+    # when the context exceeds the original one), where transformers picks them by the sequence's length.
+    context: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def global_rope(self) -> dict[str, Any]:
+        """The RoPE parameters of the full-attention layers (every layer but Gemma 3's sliding ones)."""
+        return self.rope_parameters.get("full_attention", self.rope_parameters)
+
+    @property
+    def layer_types(self) -> list[str]:
+        """transformers' layer_types of a Gemma 3 model: sliding x5, then full, repeated."""
+        return [
+            "full_attention" if (layer + 1) % GEMMA3_PATTERN == 0 else "sliding_attention"
+            for layer in range(self.num_hidden_layers)
+        ]
 
     def hf_config(self) -> dict[str, Any]:
         """The config.json fields, as transformers writes them (`architectures` picks the converter's class)."""
-        return {
-            "architectures": ["LlamaForCausalLM" if self.architecture == "llama" else "Qwen2ForCausalLM"],
-            "model_type": self.architecture,
+        hf_class, model_type = HF_ARCHITECTURES[self.architecture]
+        config = {
+            "architectures": [hf_class],
+            "model_type": model_type,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
@@ -68,13 +104,57 @@ class HFReference:
             "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": self.rope_parameters,
             "tie_word_embeddings": self.tied,
-            "hidden_act": "silu",
             "torch_dtype": "float32",
         }
+        if self.architecture == "gemma3":
+            return config | {
+                "hidden_activation": "gelu_pytorch_tanh",
+                # 1/sqrt(head_dim), llama.cpp's attention scale for every Gemma 3 but the 27B
+                "query_pre_attn_scalar": self.head_dim,
+                "sliding_window": self.sliding_window,
+                "layer_types": self.layer_types,
+                "final_logit_softcapping": self.final_logit_softcapping,
+            }
+        config["hidden_act"] = "silu"
+        if self.architecture == "phi3":
+            # Phi3Config keeps the pretraining context at the top level and copies it over rope_parameters'
+            original = self.rope_parameters.get("original_max_position_embeddings", self.max_position_embeddings)
+            config |= {"sliding_window": self.sliding_window, "original_max_position_embeddings": original}
+            # the script's SentencePiece ids (Phi3Config's defaults, 32000, lie past this vocabulary)
+            config |= {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+        return config
 
+
+def ramp(n: int, first: float, last: float) -> list[float]:
+    """n values rising geometrically from `first` to `last`: LongRoPE factors in the shape of Phi-3's
+    (the high-frequency pairs kept, the low-frequency ones stretched most)."""
+    return [round(first * (last / first) ** (i / (n - 1)), 6) for i in range(n)]
+
+
+def longrope(n_factors: int, original: int) -> dict[str, Any]:
+    """transformers' rope_parameters of a LongRoPE model (Phi-3-128k, Phi-4-mini): no `factor`, so that
+    transformers takes max_position_embeddings / original, as the converter does."""
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": original,
+        "short_factor": ramp(n_factors, 1.0, 1.25),
+        "long_factor": ramp(n_factors, 1.0, 16.0),
+    }
+
+
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},  # rope_local_base_freq
+    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+}
+# Phi-4-mini: a quarter of each head does not rotate (24 of 32 dimensions here: 12 factor pairs).
+PHI4_MINI_ROPE = longrope(12, 256) | {"partial_rotary_factor": 0.75}
+PHI3_LONG_PROMPTS = (257, 300, 512, 640, 900)  # past the original 256 positions: long factors
+PHI3_SHORT_PROMPTS = (1, 7, 33, 100, 224)  # with their 32 greedy tokens, within 256: short factors
 
 # Each RoPE variant the GGUF files of these families carry, with an original context (256) far below the
-# longest prompt (900 tokens), so that the scaling changes the result.
+# longest prompt (900 tokens), so that the scaling changes the result; and Qwen3, Gemma 3 and Phi-3 as
+# their real configs are built.
 REFERENCES: dict[str, HFReference] = {
     reference.name: reference
     for reference in (
@@ -118,38 +198,136 @@ REFERENCES: dict[str, HFReference] = {
             seed=34,
             max_position_embeddings=1024,
         ),
+        # Qwen3-0.6B's shape: heads wider than hidden / heads (q is 256 wide), tied.
+        HFReference(
+            "hf-qwen3",
+            "qwen3",
+            {"rope_type": "default", "rope_theta": 1000000.0},
+            tied=True,
+            seed=41,
+            head_dim=64,
+            rms_norm_eps=1e-6,
+        ),
+        # Qwen3-8B and up: untied, with the YaRN the Qwen3 model cards give for long contexts.
+        HFReference(
+            "hf-qwen3-yarn",
+            "qwen3",
+            {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 256},
+            tied=False,
+            seed=42,
+            num_hidden_layers=3,
+            head_dim=64,
+            max_position_embeddings=1024,
+            rms_norm_eps=1e-6,
+        ),
+        # Gemma 3 1B's shape: head_dim 256, five sliding layers then a global one, 10k / 1M RoPE bases.
+        HFReference(
+            "hf-gemma3",
+            "gemma3",
+            GEMMA3_ROPE,
+            tied=True,
+            seed=43,
+            num_hidden_layers=6,
+            head_dim=256,
+            rms_norm_eps=1e-6,
+            sliding_window=16,
+            prompt_lengths=(1, 7, 16, 17, 33, 640),
+        ),
+        # Gemma 3 4B and up: linear RoPE scaling (factor 8) on the global layers only; the soft cap on the
+        # logits as Gemma 2 had it; eight layers, so that the pattern starts again after the global one.
+        HFReference(
+            "hf-gemma3-softcap",
+            "gemma3",
+            GEMMA3_ROPE | {"full_attention": GEMMA3_ROPE["full_attention"] | {"rope_type": "linear", "factor": 8.0}},
+            tied=True,
+            seed=44,
+            num_hidden_layers=8,
+            head_dim=64,
+            rms_norm_eps=1e-6,
+            sliding_window=16,
+            final_logit_softcapping=30.0,
+            prompt_lengths=(1, 7, 16, 17, 33, 640),
+        ),
+        # Phi-3-mini-4k: one head per KV head, untied, a sliding window on every layer (transformers applies
+        # it; llama.cpp ignores Phi-3's).
+        HFReference(
+            "hf-phi3-swa",
+            "phi3",
+            {"rope_type": "default", "rope_theta": 10000.0},
+            tied=False,
+            seed=45,
+            num_key_value_heads=4,
+            sliding_window=64,
+            prompt_lengths=(1, 7, 33, 64, 65, 200, 640),
+        ),
+        # Phi-4-mini without its LongRoPE: partial rotary (the first 24 of 32 dimensions of each head), GQA,
+        # tied.
+        HFReference(
+            "hf-phi3-partial",
+            "phi3",
+            {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+            tied=True,
+            seed=46,
+        ),
+        # Phi-4-mini: LongRoPE over the partial rotary, original context 256 of 2048. The same model twice
+        # (same seed): prompts that pass 256 positions at a context of 1024 (long factors), and prompts that
+        # stay within 256 at a context of 256 (short factors).
+        HFReference("hf-phi3-longrope", "phi3", PHI4_MINI_ROPE, tied=True, seed=47, prompt_lengths=PHI3_LONG_PROMPTS),
+        HFReference(
+            "hf-phi3-longrope-short",
+            "phi3",
+            PHI4_MINI_ROPE,
+            tied=True,
+            seed=47,
+            prompt_lengths=PHI3_SHORT_PROMPTS,
+            context=256,
+        ),
     )
 }
 
 
 def hf_weights(reference: HFReference) -> dict[str, np.ndarray]:
     """The model's state dict in transformers' names and layouts (float32 [out, in]), drawn from its seed:
-    matrices N(0, 0.02) as transformers initializes them, norm weights near 1, biases N(0, 0.1)."""
+    matrices N(0, 0.02) as transformers initializes them, norm weights near 1 (Gemma's near 0: it scales by
+    1 + w), biases N(0, 0.1). Phi-3's projections are fused as transformers holds them: qkv_proj is Q, K, V
+    rows; gate_up_proj is gate rows, then up rows."""
     rng = np.random.default_rng(reference.seed)
-    h, q = reference.hidden_size, reference.num_attention_heads * reference.head_dim
-    kv, ff = reference.num_key_value_heads * reference.head_dim, reference.intermediate_size
+    arch = reference.architecture
+    h, head = reference.hidden_size, reference.head_dim
+    q, kv = reference.num_attention_heads * head, reference.num_key_value_heads * head
+    ff = reference.intermediate_size
 
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (0.02 * rng.standard_normal((rows, cols))).astype(np.float32)
 
-    def norm() -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    def norm(size: int = h) -> np.ndarray:
+        return ((0.0 if arch == "gemma3" else 1.0) + 0.1 * rng.standard_normal(size)).astype(np.float32)
 
     weights = {"model.embed_tokens.weight": matrix(reference.vocab_size, h)}
     for layer in range(reference.num_hidden_layers):
         prefix = f"model.layers.{layer}"
-        weights |= {
-            f"{prefix}.input_layernorm.weight": norm(),
-            f"{prefix}.self_attn.q_proj.weight": matrix(q, h),
-            f"{prefix}.self_attn.k_proj.weight": matrix(kv, h),
-            f"{prefix}.self_attn.v_proj.weight": matrix(kv, h),
-            f"{prefix}.self_attn.o_proj.weight": matrix(h, q),
-            f"{prefix}.post_attention_layernorm.weight": norm(),
-            f"{prefix}.mlp.gate_proj.weight": matrix(ff, h),
-            f"{prefix}.mlp.up_proj.weight": matrix(ff, h),
-            f"{prefix}.mlp.down_proj.weight": matrix(h, ff),
-        }
-        if reference.architecture == "qwen2":
+        weights[f"{prefix}.input_layernorm.weight"] = norm()
+        if arch == "phi3":
+            weights[f"{prefix}.self_attn.qkv_proj.weight"] = matrix(q + 2 * kv, h)
+        else:
+            for part, rows in (("q", q), ("k", kv), ("v", kv)):
+                weights[f"{prefix}.self_attn.{part}_proj.weight"] = matrix(rows, h)
+        weights[f"{prefix}.self_attn.o_proj.weight"] = matrix(h, q)
+        if arch in ("qwen3", "gemma3"):
+            weights[f"{prefix}.self_attn.q_norm.weight"] = norm(head)
+            weights[f"{prefix}.self_attn.k_norm.weight"] = norm(head)
+        weights[f"{prefix}.post_attention_layernorm.weight"] = norm()
+        if arch == "gemma3":
+            weights[f"{prefix}.pre_feedforward_layernorm.weight"] = norm()
+        if arch == "phi3":
+            weights[f"{prefix}.mlp.gate_up_proj.weight"] = matrix(2 * ff, h)
+        else:
+            weights[f"{prefix}.mlp.gate_proj.weight"] = matrix(ff, h)
+            weights[f"{prefix}.mlp.up_proj.weight"] = matrix(ff, h)
+        weights[f"{prefix}.mlp.down_proj.weight"] = matrix(h, ff)
+        if arch == "gemma3":
+            weights[f"{prefix}.post_feedforward_layernorm.weight"] = norm()
+        if arch == "qwen2":
             for part, width in (("q", q), ("k", kv), ("v", kv)):
                 weights[f"{prefix}.self_attn.{part}_proj.bias"] = (0.1 * rng.standard_normal(width)).astype(np.float32)
     weights["model.norm.weight"] = norm()
@@ -166,38 +344,27 @@ def permute_for_adjacent_pairs(rows: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_tensors(reference: HFReference) -> dict[str, np.ndarray]:
-    """The converter's tensors for this model: GGUF names, llama's Q/K rows permuted, float32."""
-    weights = hf_weights(reference)
-    tensors = {
-        "token_embd.weight": weights["model.embed_tokens.weight"],
-        "output_norm.weight": weights["model.norm.weight"],
-    }
-    if not reference.tied:
-        tensors["output.weight"] = weights["lm_head.weight"]
-    names = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "self_attn.q_proj.bias": "attn_q.bias",
-        "self_attn.k_proj.bias": "attn_k.bias",
-        "self_attn.v_proj.bias": "attn_v.bias",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
-    for layer in range(reference.num_hidden_layers):
-        for hf_name, gguf_name in names.items():
-            values = weights.get(f"model.layers.{layer}.{hf_name}")
-            if values is None:
-                continue
-            if reference.architecture == "llama" and gguf_name == "attn_q.weight":
-                values = permute_for_adjacent_pairs(values, reference.num_attention_heads)
-            if reference.architecture == "llama" and gguf_name == "attn_k.weight":
-                values = permute_for_adjacent_pairs(values, reference.num_key_value_heads)
-            tensors[f"blk.{layer}.{gguf_name}"] = values
+    """The converter's tensors for this model, float32: named by gguf-py's tensor map for the architecture
+    (the table the converter maps names with), llama's Q/K rows permuted, Gemma's norm weights + 1
+    (Gemma3Model.modify_tensors: transformers scales by 1 + w, llama.cpp by the stored w), LongRoPE's
+    factors as rope_factors_long/short (Phi3MiniModel.generate_extra_tensors). Gemma's converter also trims
+    token_embd to the tokenizer's size: the script's tokenizer fills exactly vocab_size ids, so it keeps all."""
+    arch = reference.architecture
+    names = get_tensor_name_map(MODEL_ARCH[arch.upper()], reference.num_hidden_layers)
+    permuted_heads = {"attn_q": reference.num_attention_heads, "attn_k": reference.num_key_value_heads}
+    tensors = {}
+    for hf_name, values in hf_weights(reference).items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise KeyError(f"{reference.name}: gguf-py maps no {arch} tensor name for {hf_name}")
+        if arch == "llama" and (heads := permuted_heads.get(name.split(".")[-2])):
+            values = permute_for_adjacent_pairs(values, heads)
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+            values = values + np.float32(1.0)
+        tensors[name] = values
+    if reference.global_rope["rope_type"] == "longrope":
+        tensors[ROPE_FACTORS_LONG] = np.asarray(reference.global_rope["long_factor"], dtype=np.float32)
+        tensors[ROPE_FACTORS_SHORT] = np.asarray(reference.global_rope["short_factor"], dtype=np.float32)
     return tensors
 
 
@@ -222,7 +389,8 @@ def write_reference_gguf(path: str | os.PathLike[str], reference: HFReference, m
     for key, kind, element, value in meta["metadata"]:
         sub_type = GGUFValueType[element] if element else None
         writer.add_key_value(key, value, GGUFValueType[kind], sub_type=sub_type)
-    add_tokenizer_metadata(writer, reference.vocab_size, pre="qwen2" if reference.architecture == "qwen2" else "smollm")
+    pre = "qwen2" if reference.architecture in ("qwen2", "qwen3") else "smollm"
+    add_tokenizer_metadata(writer, reference.vocab_size, pre=pre)
     tensors = gguf_tensors(reference)
     tensors |= {name: np.asarray(values, dtype=np.float32) for name, values in meta["extra_tensors"].items()}
     for name, values in tensors.items():

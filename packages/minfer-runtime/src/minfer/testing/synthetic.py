@@ -16,10 +16,16 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, RopeScalingType
 
 from minfer.gguf_file import GGUFFile
-from minfer.models.config import ModelConfig
-from minfer.models.rope import FREQ_FACTORS_TENSOR, RopeConfig
+from minfer.models.config import (
+    ARCHITECTURES,
+    DEFAULT_ROPE_FREQ_BASE_SWA,
+    ModelConfig,
+    attention_scale,
+    windowed_layers,
+)
+from minfer.models.rope import FREQ_FACTORS_TENSOR, LONG_FACTORS_TENSOR, SHORT_FACTORS_TENSOR, RopeConfig
 from minfer.testing.quantize import quantize
-from minfer.testing.vocab import add_tokenizer_metadata
+from minfer.testing.vocab import add_sentencepiece_metadata, add_tokenizer_metadata
 
 
 @dataclass(frozen=True)
@@ -42,23 +48,36 @@ class SyntheticSpec:
     rope_scaling_factor: float = 1.0
     rope_original_context: int = 0
     rope_freq_factors: tuple[float, ...] | None = None
+    # LongRoPE as the Phi-3 converter writes it: short and long factors, the original context, attn_factor.
+    rope_short_factors: tuple[float, ...] | None = None
+    rope_long_factors: tuple[float, ...] | None = None
+    rope_attn_factor: float = 1.0
+    key_length: int | None = None  # attention.key_length when it is not d_model / n_heads (qwen3, gemma3)
+    rope_dim: int | None = None  # rope.dimension_count when it is not the head size (Phi-4-mini's 3/4)
+    sliding_window: int = 0  # attention.sliding_window (gemma3: on 5 layers of 6; phi3: every layer)
+    final_logit_softcap: float = 0.0  # gemma3's final_logit_softcapping
+    sentencepiece: str | None = None  # a SentencePiece vocabulary of this style (testing/vocab.py); None: BPE
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.key_length or self.d_model // self.n_heads
 
     def rope(self) -> RopeConfig:
         return RopeConfig(
-            n_rot=self.head_dim,
+            n_rot=self.rope_dim or self.head_dim,
             freq_base=self.rope_theta,
-            neox=self.architecture == "qwen2",
+            neox=ARCHITECTURES[self.architecture].rope_neox,
             scaling=self.rope_scaling,
             factor=self.rope_scaling_factor,
             original_context=self.rope_original_context,
-            freq_factors=self.rope_freq_factors,
+            freq_factors=self.rope_freq_factors or self.rope_short_factors,
+            long_factors=self.rope_long_factors,
+            attn_factor=self.rope_attn_factor,
         )
 
     def config(self) -> ModelConfig:
+        """The config the engine reads from the written file, from the architecture's ArchitectureSpec."""
+        family = ARCHITECTURES[self.architecture]
         return ModelConfig(
             architecture=self.architecture,
             n_layers=self.n_layers,
@@ -73,6 +92,19 @@ class SyntheticSpec:
             rms_eps=self.rms_eps,
             tied_output=self.tied_output,
             qkv_bias=self.qkv_bias,
+            qk_norm=family.qk_norm,
+            sandwich_norms=family.sandwich_norms,
+            fused_qkv=self.architecture == "phi3",  # as Phi-3's converter stores it
+            fused_gate_up=family.fused_gate_up,
+            activation=family.activation,
+            embedding_scale=self.d_model**0.5 if family.scaled_embeddings else 1.0,
+            attention_scale=attention_scale(self.architecture, self.n_layers, self.d_model, self.n_heads),
+            sliding_window=self.sliding_window,
+            windowed_layers=windowed_layers(family.swa_pattern, self.n_layers) if self.sliding_window else (),
+            rope_local=RopeConfig(self.rope().n_rot, DEFAULT_ROPE_FREQ_BASE_SWA, family.rope_neox)
+            if self.sliding_window and family.local_rope
+            else None,
+            final_logit_softcap=self.final_logit_softcap,
         )
 
 
@@ -84,6 +116,34 @@ PRESETS: dict[str, SyntheticSpec] = {
     # Scaled down, same structure: small enough for every test to run in milliseconds.
     "tiny-llama": SyntheticSpec("llama", 2, 64, 4, 2, 160, 512, 512, 10000.0, 1e-5, tied_output=False),
     "tiny-qwen2": SyntheticSpec("qwen2", 2, 64, 4, 2, 160, 512, 512, 1000000.0, 1e-6, True, True),
+    # Qwen3-0.6B's shapes: heads of 128 (q 2048 wide on a 1024 residual), q/k norms, no bias.
+    "qwen3-0.6b": SyntheticSpec("qwen3", 28, 1024, 16, 8, 3072, 151936, 40960, 1000000.0, 1e-6, key_length=128),
+    # Gemma 3 270M's: heads of 256, one KV head, a 512-row window on 5 layers of 6, a 262144-token vocabulary.
+    "gemma3-270m": SyntheticSpec(
+        "gemma3",
+        18,
+        640,
+        4,
+        1,
+        2048,
+        262144,
+        32768,
+        1e6,
+        1e-6,
+        key_length=256,
+        sliding_window=512,
+        sentencepiece="gemma",
+    ),
+    # Phi-4-mini's structure at a small width: fused q|k|v and gate|up, RoPE on 3/4 of each head.
+    "phi4-mini-small": SyntheticSpec("phi3", 4, 512, 8, 2, 1024, 2048, 4096, 10000.0, 1e-5, rope_dim=48),
+    "tiny-qwen3": SyntheticSpec("qwen3", 2, 64, 4, 2, 160, 512, 512, 1000000.0, 1e-6, key_length=32),
+    "tiny-gemma3": SyntheticSpec(
+        "gemma3", 6, 64, 4, 2, 160, 512, 512, 1e6, 1e-6, key_length=32, sliding_window=8, sentencepiece="gemma"
+    ),
+    # Phi-3-mini's SentencePiece vocabulary (Phi-4-mini's is byte-level BPE, as phi4-mini-small's).
+    "tiny-phi3": SyntheticSpec(
+        "phi3", 2, 64, 4, 4, 160, 512, 512, 10000.0, 1e-5, tied_output=False, rope_dim=12, sentencepiece="phi3"
+    ),
 }
 
 T = GGMLQuantizationType
@@ -104,9 +164,12 @@ def uses_more_bits(layer: int, n_layers: int) -> bool:
 
 
 def q4_k_m_type(name: str, row_length: int, n_layers: int, tied_output: bool) -> GGMLQuantizationType:
-    """The type llama-quantize gives a matrix in a Q4_K_M model (its llama_tensor_get_type, for llama/qwen2)."""
+    """The type llama-quantize gives a matrix in a Q4_K_M model (its llama_tensor_get_type: a fused attn_qkv
+    gets Q5_K)."""
     if name == "output.weight" or (tied_output and name == "token_embd.weight"):
         qtype = GGMLQuantizationType.Q6_K
+    elif name.endswith("attn_qkv.weight"):
+        qtype = GGMLQuantizationType.Q5_K
     elif name.endswith(("attn_v.weight", "ffn_down.weight")):
         layer = int(name.split(".")[1])
         qtype = GGMLQuantizationType.Q6_K if uses_more_bits(layer, n_layers) else GGMLQuantizationType.Q4_K
@@ -161,7 +224,19 @@ def write_synthetic_model(
     writer.add_head_count(spec.n_heads)
     writer.add_head_count_kv(spec.n_kv_heads)
     writer.add_rope_freq_base(spec.rope_theta)
-    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_rope_dimension_count(spec.rope().n_rot)
+    if spec.key_length is not None:
+        writer.add_key_length(spec.key_length)
+        writer.add_value_length(spec.key_length)
+    if spec.sliding_window:
+        writer.add_sliding_window(spec.sliding_window)
+    if spec.final_logit_softcap:
+        writer.add_final_logit_softcapping(spec.final_logit_softcap)
+    if spec.rope_long_factors is not None:
+        writer.add_rope_scaling_orig_ctx_len(spec.rope_original_context)
+        writer.add_rope_scaling_attn_factors(spec.rope_attn_factor)
+        writer.add_tensor(SHORT_FACTORS_TENSOR, np.asarray(spec.rope_short_factors, dtype=np.float32))
+        writer.add_tensor(LONG_FACTORS_TENSOR, np.asarray(spec.rope_long_factors, dtype=np.float32))
     if spec.rope_scaling != "none":
         writer.add_rope_scaling_type(RopeScalingType(spec.rope_scaling))
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
@@ -171,7 +246,12 @@ def write_synthetic_model(
         writer.add_tensor(FREQ_FACTORS_TENSOR, np.asarray(spec.rope_freq_factors, dtype=np.float32))
     writer.add_layer_norm_rms_eps(spec.rms_eps)
     writer.add_vocab_size(spec.vocab_size)
-    add_tokenizer_metadata(writer, spec.vocab_size, pre=pre or ("qwen2" if spec.architecture == "qwen2" else "smollm"))
+    if spec.sentencepiece is not None:
+        add_sentencepiece_metadata(writer, spec.vocab_size, style=spec.sentencepiece)
+    else:
+        add_tokenizer_metadata(
+            writer, spec.vocab_size, pre=pre or ("qwen2" if spec.architecture == "qwen2" else "smollm")
+        )
     for name, values in random_tensors(spec, seed).items():
         if values.ndim == 1:
             writer.add_tensor(name, values)

@@ -101,8 +101,30 @@ def mul_f32(b: Binding, node: Node) -> list[Launch]:
     return launch(b, mk.kernels.mul_f32, a=out, b=b.ptr(other_operand(node)), out=out, n=node.output.n_elements)
 
 
+def scale_f32(b: Binding, node: Node) -> list[Launch]:
+    out = b.ptr(node.output)
+    return launch(b, mk.kernels.scale_f32, x=out, out=out, scale=node.params["factor"], n=node.output.n_elements)
+
+
 def silu_f32(b: Binding, node: Node) -> list[Launch]:
     return launch(b, mk.kernels.silu_f32, x=b.ptr(node.output), n=node.output.n_elements)
+
+
+def gelu_f32(b: Binding, node: Node) -> list[Launch]:
+    return launch(b, mk.kernels.gelu_f32, x=b.ptr(node.output), n=node.output.n_elements)
+
+
+def softcap_f32(b: Binding, node: Node) -> list[Launch]:
+    return launch(b, mk.kernels.softcap_f32, x=b.ptr(node.output), cap=node.params["cap"], n=node.output.n_elements)
+
+
+def slice_f32(b: Binding, node: Node) -> list[Launch]:
+    (x,) = node.inputs
+    rows, width = node.output.shape
+    return launch(
+        b, mk.kernels.slice_f32, x=b.ptr(x), out=b.ptr(node.output), rows=rows, width=width, in_stride=x.shape[1],
+        start=node.params["start"],
+    )  # fmt: skip
 
 
 def swiglu_f32(b: Binding, node: Node) -> list[Launch]:
@@ -120,8 +142,10 @@ def add_bias_f32(b: Binding, node: Node) -> list[Launch]:
 
 
 def rms_norm_f32(b: Binding, node: Node) -> list[Launch]:
-    (rows, d), eps = node.output.shape, node.params["eps"]
+    """Each run of len(weight) values is a row of the kernel's: a token's row, or one head of it."""
+    (d,), eps = node.inputs[1].shape, node.params["eps"]
     x, weight, out = (b.ptr(t) for t in (*node.inputs, node.output))
+    rows = node.output.n_elements // d
     return launch(b, mk.kernels.rms_norm_f32, x=x, weight=weight, out=out, rows=rows, d=d, eps=eps)
 
 
@@ -231,7 +255,8 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     q, cache_k, cache_v, positions, kv_len = node.inputs
     common = dict(
         q=b.ptr(q), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), out=b.ptr(node.output), n_heads=p["n_heads"],
-        n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_ctx=cache_k.shape[0],
+        n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_ctx=cache_k.shape[0], scale=p["scale"],
+        window=p["window"],
     )  # fmt: skip
     if q.shape[0] == 1:
         return launch(
@@ -275,8 +300,12 @@ BINDERS: dict[enum.Enum, Binder] = {
     Op.KV_STORE: kv_store_f32,
     Op.ATTENTION: attention,
     Op.ADD: add_f32,
+    Op.SCALE: scale_f32,
     Op.SILU: silu_f32,
+    Op.GELU: gelu_f32,
     Op.MUL: mul_f32,
+    Op.SOFTCAP: softcap_f32,
+    Op.SLICE: slice_f32,
     Op.LAST_ROW: last_row,
     FusedOp.GEMV: gemv,
     FusedOp.GEMV_SWIGLU: gemv_swiglu,

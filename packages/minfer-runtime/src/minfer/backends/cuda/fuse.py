@@ -100,7 +100,7 @@ class Rewrite:
     def norm_fanouts(self, n_matmuls: int) -> Iterator[tuple[Node, list[Node]]]:
         """Each one-token rms_norm read by exactly `n_matmuls` matmuls that the one-token kernels can run."""
         for norm in self.nodes:
-            if norm.op is not Op.RMS_NORM or norm.output.shape[0] != 1:
+            if not is_row_norm(norm) or norm.output.shape[0] != 1:
                 continue
             matmuls = self.readers.get(norm.output.name, [])
             if len(matmuls) == n_matmuls and all(m.op is Op.MATMUL and gemv_reads(m.inputs[1]) for m in matmuls):
@@ -142,6 +142,11 @@ def fused_name(members: list[Node]) -> str:
     if not all(node.name.startswith(prefix) for node in members):
         prefix = ""
     return prefix + "+".join(node.name[len(prefix) :] for node in members)
+
+
+def is_row_norm(node: Node | None) -> bool:
+    """An rms_norm over whole rows (the one-token kernels' fused norm), not one over each head of a row."""
+    return node is not None and node.op is Op.RMS_NORM and node.inputs[1].shape[0] == node.output.shape[-1]
 
 
 def gemv_reads(weight: Tensor) -> bool:
@@ -219,7 +224,7 @@ def fuse_gemv(g: Rewrite, weight_type: WeightType) -> None:
         x, weight = matmul.inputs
         members, inputs, args, fields = [matmul], [x, weight], ["x", "weight"], {}
         norm = g.producers.get(x.name)
-        if norm is not None and norm.op is Op.RMS_NORM and g.sole_reader(x, Op.MATMUL) is matmul:
+        if is_row_norm(norm) and g.sole_reader(x, Op.MATMUL) is matmul:
             members.insert(0, norm)
             inputs = [norm.inputs[0], weight, norm.inputs[1]]
             args.append("norm_weight")
