@@ -78,7 +78,9 @@ def tests(session: nox.Session) -> None:
         # CI has nvcc but no GPU: build for one arch to stay fast (the probe still runs).
         install_kernels(session, "90")
         folders.append(f"{KERNELS}/tests")
-    session.run("pytest", "-q", "-ra", *folders, *session.posargs)
+    # llama.cpp's own tokenizer test vectors (models/ggml-vocab-*.gguf): test_tokenizer_llama_cpp.py reads them.
+    llama_cpp = os.path.abspath(llama_cpp_source(session))
+    session.run("pytest", "-q", "-ra", *folders, *session.posargs, env={"MINFER_LLAMA_CPP": llama_cpp})
     if not session.posargs:  # a full run also prints `minfer serve`'s load table on this machine's CPU
         session.run("python", "tools/load_test.py", "--requests", "1", "--max-tokens", "16")
 
