@@ -1,0 +1,123 @@
+"""Issue 16's check: every llama-quantize preset, made by llama.cpp's own tool, on minfer's backends.
+
+    python tools/quant_presets.py --llama-quantize BIN --check-f16 SMALL.gguf [--bench-f16 BIG.gguf
+        --llama-bench BIN] [--backend cuda] [--presets Q4_K_M,...] [--workdir DIR]
+
+For each preset, `llama-quantize` turns the F16 model `--check-f16` into that preset (its own type mix:
+the output head, attn_v and ffn_down get other types), and the file runs on the CPU and on `--backend`
+over the same prompts: the last position's relative logit error and the greedy continuations, with the
+bounds of packages/minfer-runtime/tests/test_cuda_backend.py (error < 1e-2, 4 of 5 continuations
+identical). With `--bench-f16`, the same presets of that model (Qwen2.5-0.5B's shapes in the issue) are
+benchmarked with `minfer bench` and, given `--llama-bench`, with llama-bench on the same file
+(`-p 512 -n 128 -fa 1 -ngl 99`), one after the other. A markdown table goes to stdout; the exit status is
+1 if a preset failed its check. Nothing is downloaded: both binaries are built from the llama-cpp-python
+sdist's vendor/llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import minfer
+
+# Every preset the issue names, in llama-quantize's spelling (F16 is the source itself).
+PRESETS = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q5_0", "Q5_1", "Q5_K_S",
+           "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "BF16")  # fmt: skip
+PROMPTS, PROMPT_TOKENS, CONTINUATION = 5, 64, 32
+MAX_LOGIT_ERROR, MIN_IDENTICAL = 1e-2, 4  # test_cuda_backend.py's bounds
+
+
+def quantize(llama_quantize: Path, source: Path, preset: str, workdir: Path) -> Path:
+    target = workdir / f"{source.stem}-{preset}.gguf"
+    if not target.exists():
+        subprocess.run([str(llama_quantize), str(source), str(target), preset], check=True, capture_output=True)
+    return target
+
+
+def greedy(engine: minfer.Engine, prompt: list[int]) -> tuple[np.ndarray, list[int]]:
+    """The prompt's last logits and CONTINUATION greedy tokens (no early stop), from an empty cache."""
+    engine.reset()
+    program, _ = engine.prefill(prompt)
+    logits, tokens = program.read("logits")[0], [program.argmax("logits")]
+    while len(tokens) < CONTINUATION:
+        tokens.append(engine.forward([tokens[-1]], len(prompt) + len(tokens) - 1).argmax("logits"))
+    return logits, tokens
+
+
+def check(path: Path, backend: str) -> tuple[float, int]:
+    """The largest relative logit error of `backend` against the CPU, and how many continuations agree."""
+    cpu = minfer.load(path, backend="cpu", ctx_size=256)
+    other = minfer.load(path, backend=backend, ctx_size=256)
+    rng = np.random.default_rng(0)
+    worst, identical = 0.0, 0
+    for _ in range(PROMPTS):
+        prompt = [int(t) for t in rng.integers(3, cpu.config.vocab_size, size=PROMPT_TOKENS)]
+        ref_logits, ref_tokens = greedy(cpu, prompt)
+        logits, tokens = greedy(other, prompt)
+        worst = max(worst, float(np.abs(logits - ref_logits).max() / np.abs(ref_logits).max()))
+        identical += tokens == ref_tokens
+    return worst, identical
+
+
+def minfer_rates(path: Path, backend: str) -> dict[str, float]:
+    """`minfer bench`'s t/s by test (pp512, tg128)."""
+    out = subprocess.run([sys.executable, "-m", "minfer.cli", "bench", "-m", str(path), "--backend", backend,
+                          "-p", "512", "-n", "128", "-r", "5", "-o", "csv"], check=True, capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return {row["test"]: float(row["avg_ts"]) for row in csv.DictReader(io.StringIO(out))}
+
+
+def llama_rates(llama_bench: Path, path: Path) -> dict[str, float]:
+    """llama-bench's t/s by test, flash attention on, every layer on the GPU."""
+    out = subprocess.run([str(llama_bench), "-m", str(path), "-p", "512", "-n", "128", "-fa", "1", "-ngl", "99",
+                          "-r", "5", "-o", "csv"], check=True, capture_output=True, text=True).stdout  # fmt: skip
+    rates = {}
+    for row in csv.DictReader(io.StringIO(out)):
+        test = f"pp{row['n_prompt']}" if int(row["n_gen"]) == 0 else f"tg{row['n_gen']}"
+        rates[test] = float(row["avg_ts"])
+    return rates
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-quantize", type=Path, required=True)
+    parser.add_argument("--check-f16", type=Path, required=True, help="the F16 model the check quantizes")
+    parser.add_argument("--bench-f16", type=Path, help="the F16 model the speed table quantizes")
+    parser.add_argument("--llama-bench", type=Path)
+    parser.add_argument("--backend", default="cuda", help="the backend checked against the CPU (default: cuda)")
+    parser.add_argument("--presets", default=",".join(PRESETS))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/minfer-presets"))
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    presets = args.presets.split(",")
+    unknown = sorted(set(presets) - set(PRESETS))
+    if unknown:
+        parser.error(f"--presets: unknown {', '.join(unknown)} (known: {', '.join(PRESETS)})")
+    failed = False
+    print(f"| preset | {args.backend} vs cpu: max logit error | identical continuations | pp512 | tg128 "
+          "| llama.cpp pp512 | llama.cpp tg128 |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for preset in presets:
+        error, identical = check(quantize(args.llama_quantize, args.check_f16, preset, args.workdir), args.backend)
+        failed |= error >= MAX_LOGIT_ERROR or identical < MIN_IDENTICAL
+        cells = [f"{error:.1e}", f"{identical}/{PROMPTS}", "", "", "", ""]
+        if args.bench_f16 is not None:
+            path = quantize(args.llama_quantize, args.bench_f16, preset, args.workdir)
+            ours = minfer_rates(path, args.backend)
+            cells[2:4] = [f"{ours.get('pp512', 0):.0f}", f"{ours.get('tg128', 0):.0f}"]
+            if args.llama_bench is not None:
+                theirs = llama_rates(args.llama_bench, path)
+                cells[4:6] = [f"{theirs.get('pp512', 0):.0f}", f"{theirs.get('tg128', 0):.0f}"]
+        print(f"| {preset} | " + " | ".join(cells) + " |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
