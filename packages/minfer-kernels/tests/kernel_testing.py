@@ -26,6 +26,16 @@ INT_POISON = -12345
 
 GGUF_TYPES = {kernel_type: gguf.GGMLQuantizationType[kernel_type.name] for kernel_type in mk.GGMLType}
 
+# Rows of these are whole 32-value blocks.
+BLOCK_TYPES = (
+    mk.GGMLType.Q4_0,
+    mk.GGMLType.Q4_1,
+    mk.GGMLType.Q5_0,
+    mk.GGMLType.Q5_1,
+    mk.GGMLType.Q8_0,
+    mk.GGMLType.IQ4_NL,
+)
+
 # Rows of these are whole 256-value super-blocks.
 SUPER_BLOCK_TYPES = (
     mk.GGMLType.Q2_K,

@@ -24,6 +24,7 @@ import secrets
 import numpy as np
 import pytest
 from kernel_testing import (
+    BLOCK_TYPES,
     SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
@@ -39,14 +40,6 @@ from minfer_kernels import kernels
 
 pytestmark = requires_gpu
 
-QUANTIZED = (  # 32-value blocks
-    mk.GGMLType.Q4_0,
-    mk.GGMLType.Q4_1,
-    mk.GGMLType.Q5_0,
-    mk.GGMLType.Q5_1,
-    mk.GGMLType.Q8_0,
-    mk.GGMLType.IQ4_NL,
-)
 FLOATS = (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16)
 
 MATMUL_RTOL = {
@@ -85,7 +78,7 @@ def case_id(value) -> str:
 # the super-block types' rows are whole 256-value super-blocks, so theirs are the same tables at widths they allow
 EMBED_SHAPES = [(151936, 64), (4097, 896), (33, 32)]
 SUPER_BLOCK_EMBED_SHAPES = [(151936, 256), (4097, 4864), (33, 256)]
-EMBED_CASES = [(t, shape) for t in FLOATS + QUANTIZED for shape in EMBED_SHAPES] + [
+EMBED_CASES = [(t, shape) for t in FLOATS + BLOCK_TYPES for shape in EMBED_SHAPES] + [
     (t, shape) for t in SUPER_BLOCK_TYPES for shape in SUPER_BLOCK_EMBED_SHAPES
 ]
 
@@ -121,7 +114,7 @@ QUANTIZED_SHAPES = [(32, 1), (896, 33), (896, 4864), (4864, 896), (128, 151936),
 SUPER_BLOCK_SHAPES = [(256, 1), (1280, 33), (1024, 4864), (4864, 896), (256, 151936), (1024, 4097)]
 MATMUL_CASES = (
     [(t, shape) for t in FLOATS for shape in FLOAT_SHAPES]
-    + [(t, shape) for t in QUANTIZED for shape in QUANTIZED_SHAPES]
+    + [(t, shape) for t in BLOCK_TYPES for shape in QUANTIZED_SHAPES]
     + [(t, shape) for t in SUPER_BLOCK_TYPES for shape in SUPER_BLOCK_SHAPES]
 )
 
@@ -163,7 +156,7 @@ def test_matmul_reads_unaligned_float_rows(rng, stream, dev):
     assert_close(from_device(y, (3, 33), np.float32, stream), expected, 1e-5, scale=condition)
 
 
-@pytest.mark.parametrize("ggml_type", QUANTIZED + SUPER_BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES + SUPER_BLOCK_TYPES, ids=lambda t: t.name)
 def test_rows_must_be_whole_blocks(stream, ggml_type):
     """A row length that splits into no whole number of the type's blocks is refused by every launcher that
     reads weights, before anything reaches CUDA, with the rule for that type: 3.5 blocks, a multiple of 8

