@@ -121,8 +121,8 @@ def test_negative_values_where_llama_bench_allows_them():
         (bench.parse_tensor_split, "3/1,1;1", [[3.0, 1.0], [1.0, 1.0]], "1/x"),
         (bench.parse_tensor_split, "0.5", [[0.5]], "inf"),
         (bench.parse_int_in(-1, 3), "-1", [-1], "4"),
-        (bench.at_least(1, "thread count"), "1-4", [1, 2, 3, 4], "0,2"),
-        (bench.at_most(100, "polling level"), "0,50,100", [0, 50, 100], "101"),
+        (bench.bounded("thread count", 1), "1-4", [1, 2, 3, 4], "0,2"),
+        (bench.bounded("polling level", maximum=100), "0,50,100", [0, 50, 100], "101"),
     ],
 )
 def test_other_llama_bench_values(parse, good, value, bad):

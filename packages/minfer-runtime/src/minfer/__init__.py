@@ -17,12 +17,8 @@ options, their value types, the exit statuses), for a command built on minfer su
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from minfer import options
-from minfer.backends.base import ProgressCallback
 from minfer.chat import ChatSession, Message
-from minfer.chat_template import TemplateChoice
 from minfer.engine import Engine, ModelInfo
 from minfer.errors import (
     BackendError,
@@ -67,27 +63,5 @@ __all__ = [
 ]
 
 
-def load(
-    model: str | Path | None = None,
-    *,
-    backend: str = "auto",
-    ctx_size: int | None = None,
-    threads: int | None = None,
-    max_tokens: int | None = None,
-    progress: ProgressCallback | None = None,
-    chat_template: TemplateChoice | None = None,
-) -> Engine:
-    """Open a model (a path, a known name, or None for the default) and load its weights onto `backend`;
-    `threads` CPU threads for numpy's BLAS (default: one per physical core, minfer.threads); `max_tokens`, the
-    longest reply it will be asked for, is checked against the context before the weights load; `chat_template`,
-    a Jinja template file or a built-in template's name (chatml, gemma, llama3, phi3), replaces the file's own
-    (a str that names an existing path is the file)."""
-    return Engine(
-        model,
-        backend=backend,
-        ctx_size=ctx_size,
-        threads=threads,
-        max_tokens=max_tokens,
-        progress=progress,
-        chat_template=chat_template,
-    )
+# Open a model (a path, a known name, or None for the default) and load its weights: Engine's arguments.
+load = Engine

@@ -484,24 +484,14 @@ def parse_int_range(text: str, *, allow_negative: bool = False) -> list[int]:
     return values
 
 
-def at_least(minimum: int, what: str) -> Callable[[str], list[int]]:
-    """parse_int_range, each value at least `minimum`."""
+def bounded(what: str, minimum: int | None = None, maximum: int | None = None) -> Callable[[str], list[int]]:
+    """parse_int_range, each value at least `minimum` and at most `maximum` (where given)."""
 
     def parse(text: str) -> list[int]:
         values = parse_int_range(text)
-        if any(value < minimum for value in values):
+        if minimum is not None and any(value < minimum for value in values):
             raise ValueError(f"every {what} must be at least {minimum}, got {text!r}")
-        return values
-
-    return parse
-
-
-def at_most(maximum: int, what: str) -> Callable[[str], list[int]]:
-    """parse_int_range, each value at most `maximum`."""
-
-    def parse(text: str) -> list[int]:
-        values = parse_int_range(text)
-        if any(value > maximum for value in values):
+        if maximum is not None and any(value > maximum for value in values):
             raise ValueError(f"every {what} must be at most {maximum}, got {text!r}")
         return values
 
@@ -660,75 +650,45 @@ IGNORED_FLAGS = (
     choice_flag(("--numa",), "distribute|isolate|numactl", "minfer does not place memory or threads on NUMA nodes"),
     IgnoredFlag(("--prio",), "-1|0|1|2|3", parse_int_in(-1, 3), NO_PINNING),
     IgnoredFlag(("-v", "--verbose"), None, None, "minfer writes no logs to make verbose"),
-    IgnoredFlag(
-        ("-fitt", "--fit-target"),
-        "MiB",
-        parse_counts,
-        "minfer loads the whole model on one device: a model that does not fit is refused, not fitted",
-    ),
+    IgnoredFlag(("-fitt", "--fit-target"), "MiB", parse_counts,
+                "minfer loads the whole model on one device: a model that does not fit is refused, not fitted"),
     IgnoredFlag(("-fitc", "--fit-ctx"), "N", parse_counts, "as -fitt"),
     IgnoredFlag(("--offline",), None, None, "minfer bench never uses the network"),
-    IgnoredFlag(
-        ("-b", "--batch-size"),
-        "N",
-        at_least(1, "batch size"),
-        f"minfer runs a prompt in pieces of {PREFILL_CHUNK} tokens (llama.cpp's default -ub), whatever -b says",
-    ),
-    IgnoredFlag(("-ub", "--ubatch-size"), "N", at_least(1, "batch size"), "as -b"),
-    IgnoredFlag(
-        ("-ctk", "--cache-type-k"),
-        "TYPE",
-        parse_choices(*KV_TYPES),
-        "minfer's KV cache has one type, float32, on both backends",
-    ),
+    IgnoredFlag(("-b", "--batch-size"), "N", bounded("batch size", 1),
+                f"minfer runs a prompt in pieces of {PREFILL_CHUNK} tokens (llama.cpp's default -ub), whatever -b "
+                "says"),
+    IgnoredFlag(("-ub", "--ubatch-size"), "N", bounded("batch size", 1), "as -b"),
+    IgnoredFlag(("-ctk", "--cache-type-k"), "TYPE", parse_choices(*KV_TYPES),
+                "minfer's KV cache has one type, float32, on both backends"),
     IgnoredFlag(("-ctv", "--cache-type-v"), "TYPE", parse_choices(*KV_TYPES), "as -ctk"),
     IgnoredFlag(("-C", "--cpu-mask"), "HEX[,HEX...]", parse_cpu_masks, NO_PINNING),
     bool_flag(("--cpu-strict",), NO_PINNING),
-    IgnoredFlag(
-        ("--poll",), "0...100", at_most(100, "polling level"), "numpy's BLAS threads have no polling level to set"
-    ),
-    IgnoredFlag(
-        ("-ngl", "--n-gpu-layers"),
-        "N",
-        lambda text: parse_int_range(text, allow_negative=True),
-        "the whole model runs on the --backend device; a value asking for another placement is refused",
-    ),
-    IgnoredFlag(
-        ("-ncmoe", "--n-cpu-moe"),
-        "N",
-        parse_int_range,
-        "minfer runs dense models: there are no expert weights to keep on the CPU",
-    ),
+    IgnoredFlag(("--poll",), "0...100", bounded("polling level", maximum=100),
+                "numpy's BLAS threads have no polling level to set"),
+    IgnoredFlag(("-ngl", "--n-gpu-layers"), "N", lambda text: parse_int_range(text, allow_negative=True),
+                "the whole model runs on the --backend device; a value asking for another placement is refused"),
+    IgnoredFlag(("-ncmoe", "--n-cpu-moe"), "N", parse_int_range,
+                "minfer runs dense models: there are no expert weights to keep on the CPU"),
     choice_flag(("-sm", "--split-mode"), "none|layer|row|tensor", ONE_DEVICE),
     IgnoredFlag(("-mg", "--main-gpu"), "0", parse_main_gpu, "the cuda backend runs on device 0; another is refused"),
-    bool_flag(
-        ("-nkvo", "--no-kv-offload"),
-        "the KV cache lives with the weights; 1 on the cuda backend (a host cache) is refused",
-    ),
-    IgnoredFlag(
-        ("-fa", "--flash-attn"),
-        "on|off|auto",
-        parse_flash_attn,
-        "minfer has one attention per backend (on CUDA, fused flash-decoding and tiled prefill attention)",
-    ),
-    IgnoredFlag(
-        ("-dev", "--device"), "auto", parse_devices, "minfer picks its device with --backend; a device list is refused"
-    ),
+    bool_flag(("-nkvo", "--no-kv-offload"),
+              "the KV cache lives with the weights; 1 on the cuda backend (a host cache) is refused"),
+    IgnoredFlag(("-fa", "--flash-attn"), "on|off|auto", parse_flash_attn,
+                "minfer has one attention per backend (on CUDA, fused flash-decoding and tiled prefill attention)"),
+    IgnoredFlag(("-dev", "--device"), "auto", parse_devices,
+                "minfer picks its device with --backend; a device list is refused"),
     choice_flag(("-lm", "--load-mode"), "auto|none|mmap|mlock|mmap+mlock|dio", LOAD_ONLY),
     choice_flag(("-lzm", "--lazy-mode"), "on|auto|off", LOAD_ONLY),
     bool_flag(("-mmp", "--mmap"), LOAD_ONLY),
     bool_flag(("-dio", "--direct-io"), LOAD_ONLY),
     IgnoredFlag(("-embd", "--embeddings"), "0", parse_embeddings, "minfer computes logits; 1 (embeddings) is refused"),
     IgnoredFlag(("-ts", "--tensor-split"), "TS0/TS1/...", parse_tensor_split, ONE_DEVICE),
-    bool_flag(
-        ("-nopo", "--no-op-offload"),
-        "the cuda backend holds every weight on the GPU: no op has host weights to offload",
-    ),
+    bool_flag(("-nopo", "--no-op-offload"),
+              "the cuda backend holds every weight on the GPU: no op has host weights to offload"),
     bool_flag(("--no-host",), "minfer's weights go straight to the backend's own memory"),
-    bool_flag(
-        ("--repack",), "the CPU backend dequantizes every weight to float32 at load: there is no layout to repack"
-    ),
-)
+    bool_flag(("--repack",),
+              "the CPU backend dequantizes every weight to float32 at load: there is no layout to repack"),
+)  # fmt: skip
 
 NOT_DOWNLOADED = "minfer bench does not download models: give a .gguf path or a known name (see minfer pull)"
 REFUSED_FLAGS = (
@@ -737,12 +697,9 @@ REFUSED_FLAGS = (
     RefusedFlag(("-hf", "-hfr", "--hf-repo"), "REPO", NOT_DOWNLOADED),
     RefusedFlag(("-hff", "--hf-file"), "FILE", NOT_DOWNLOADED),
     RefusedFlag(("-hft", "--hf-token"), "TOKEN", NOT_DOWNLOADED),
-    RefusedFlag(
-        ("-ot", "--override-tensor"),
-        "PATTERN=TYPE;...",
-        "minfer keeps every weight on the --backend device: it cannot measure another placement",
-    ),
-)
+    RefusedFlag(("-ot", "--override-tensor"), "PATTERN=TYPE;...",
+                "minfer keeps every weight on the --backend device: it cannot measure another placement"),
+)  # fmt: skip
 
 
 def check_placement(backend: str, n_layers: int, gpu_layers: Sequence[int], no_kv_offload: Sequence[bool]) -> None:

@@ -205,7 +205,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
          "a prompt followed by a generation, timed together (ppPROMPT+tgGEN); repeatable (default: none)"),
         (("-d", "--n-depth", "--depth"), "n_depth", bench.parse_int_range, "N",
          "tokens already in the KV cache when each test starts, prefilled untimed (default: 0)"),
-        (("-t", "--threads"), "n_threads", bench.at_least(1, "thread count"), "N",
+        (("-t", "--threads"), "n_threads", bench.bounded("thread count", 1), "N",
          f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)"),
     )  # fmt: skip
     for options, dest, parse, metavar, text in test_flags:
@@ -223,24 +223,12 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("-c", "--ctx-size", type=positive_int, help="context size in tokens (default: min(4096, model's))")
     ignored = parser.add_argument_group("llama-bench flags with no effect in minfer (checked, then named on stderr)")
     for flag in bench.IGNORED_FLAGS:
-        ignored.add_argument(
-            *flag.options,
-            action=BenchListAction,
-            parse=flag.parse,
-            ignored=True,
-            metavar=flag.metavar,
-            help=flag.reason,
-        )
+        ignored.add_argument(*flag.options, action=BenchListAction, parse=flag.parse, ignored=True,
+                             metavar=flag.metavar, help=flag.reason)  # fmt: skip
     refused = parser.add_argument_group("llama-bench flags that minfer refuses")
     for flag in bench.REFUSED_FLAGS:
-        refused.add_argument(
-            *flag.options,
-            action=RefusedAction,
-            reason=flag.reason,
-            takes_value=flag.metavar is not None,
-            metavar=flag.metavar,
-            help=flag.reason,
-        )
+        refused.add_argument(*flag.options, action=RefusedAction, reason=flag.reason,
+                             takes_value=flag.metavar is not None, metavar=flag.metavar, help=flag.reason)  # fmt: skip
 
 
 def looks_like_model(text: str) -> bool:
@@ -281,15 +269,8 @@ class LoadProgressBar:
 
 def load_engine(model: str | Path, args: argparse.Namespace, *, max_tokens: int | None = None) -> Engine:
     """The engine for a command's MODEL and model options; `max_tokens`, the reply budget checked before loading."""
-    return Engine(
-        model,
-        backend=args.backend,
-        ctx_size=args.ctx_size,
-        threads=args.threads,
-        max_tokens=max_tokens,
-        progress=LoadProgressBar(),
-        chat_template=args.chat_template,
-    )
+    return Engine(model, backend=args.backend, ctx_size=args.ctx_size, threads=args.threads, max_tokens=max_tokens,
+                  progress=LoadProgressBar(), chat_template=args.chat_template)  # fmt: skip
 
 
 def print_stats(stats: GenerationStats) -> None:
@@ -357,14 +338,8 @@ def command_run(args: argparse.Namespace) -> int:
     check_text("prompt", prompt)
     check_text("system prompt", args.system)
     engine = load_engine(model_path, args, max_tokens=args.max_tokens)
-    pieces = engine.generate(
-        prompt,
-        max_tokens=args.max_tokens,
-        sampling=sampling,
-        stop=args.stop,
-        system=args.system,
-        template=not args.no_template,
-    )
+    pieces = engine.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop,
+                             system=args.system, template=not args.no_template)  # fmt: skip
     status = 0
     try:
         for piece in pieces:
@@ -445,15 +420,8 @@ def command_bench(args: argparse.Namespace) -> int:
                 say = bench_progress(index, total) if args.progress else None
                 if say is not None:
                     say("starting")
-                result = bench.run_test(
-                    engine,
-                    test,
-                    model=model,
-                    repetitions=args.repetitions,
-                    warmup=not args.no_warmup,
-                    delay=args.delay,
-                    progress=say,
-                )
+                result = bench.run_test(engine, test, model=model, repetitions=args.repetitions,
+                                        warmup=not args.no_warmup, delay=args.delay, progress=say)  # fmt: skip
                 for printer in printers:
                     printer.test(result)
             print_op_timing(engine)

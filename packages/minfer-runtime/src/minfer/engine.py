@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
+from typing import Any
 
 import llguidance
 import numpy as np
@@ -71,9 +72,12 @@ class Engine:
         progress: ProgressCallback | None = None,
         chat_template: TemplateChoice | None = None,
     ) -> None:
-        """Load a model. `max_tokens`, when given, is the longest reply it will be asked for: a context too
-        small for it (and a one-token prompt) is refused here, before the weights load. `chat_template`, a
-        template file or a built-in template's name (`--chat-template`), replaces the file's own."""
+        """Open a model (a path, a known name, or None for the default) and load its weights onto `backend`;
+        `threads` CPU threads for numpy's BLAS (default: one per physical core, minfer.threads). `max_tokens`,
+        when given, is the longest reply it will be asked for: a context too small for it (and a one-token
+        prompt) is refused here, before the weights load. `chat_template`, a Jinja template file or a built-in
+        template's name (chatml, gemma, llama3, phi3; a str that names an existing path is the file), replaces
+        the file's own."""
         self.threads = set_threads(threads)  # before anything runs numpy's BLAS (minfer.threads)
         self.gguf = GGUFFile(resolve_model(model))
         self.config = ModelConfig.from_gguf(self.gguf)
@@ -284,9 +288,11 @@ class Engine:
         system: str | None = None,
         template: bool = True,
         grammar: Grammar | None = None,
+        result: Generation | None = None,
         **sampling_overrides: float | int | None,
     ) -> Iterator[str]:
-        """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends.
+        """Stream the reply to a prompt as text pieces; `last_stats` describes the run once it ends, and `result`
+        (if given) collects its tokens, text and stats.
 
         Sampling comes from `sampling`, with any SamplingParams field given by name on top of it:
         `generate("Hi", temperature=0)` is greedy. `grammar`, when given, constrains every token so that the
@@ -295,27 +301,13 @@ class Engine:
         piece); the model runs as the pieces are asked for.
         """
         tokens, sampling = self._request(prompt, sampling, sampling_overrides, system=system, template=template)
-        return self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, grammar=grammar)
+        return self.stream(tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result, grammar=grammar)
 
-    def complete(
-        self,
-        prompt: str | list[Message],
-        *,
-        max_tokens: int = 256,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        system: str | None = None,
-        template: bool = True,
-        grammar: Grammar | None = None,
-        **sampling_overrides: float | int | None,
-    ) -> Generation:
+    def complete(self, prompt: str | list[Message], **arguments: Any) -> Generation:
         """The whole reply at once (`generate`'s arguments): its text, tokens and stats — tokens prefilled and
         taken from the cache, tokens generated, timings, the stop reason."""
-        tokens, sampling = self._request(prompt, sampling, sampling_overrides, system=system, template=template)
         result = Generation()
-        for _ in self.stream(
-            tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result, grammar=grammar
-        ):
+        for _ in self.generate(prompt, result=result, **arguments):
             pass
         return result
 
@@ -355,7 +347,7 @@ class Engine:
         """
         self.check_request(prompt_tokens, max_tokens, stop)
         matcher = self.grammar_matcher(grammar) if grammar is not None else None
-        return self._held_stream(prompt_tokens, max_tokens, sampling, stop, result, on_start, matcher)
+        return self._stream(prompt_tokens, max_tokens, sampling, stop, result, on_start, matcher)
 
     def grammar_matcher(self, grammar: Grammar) -> GrammarMatcher:
         """A fresh matcher of `grammar` over this model's vocabulary, for one generation."""
@@ -378,7 +370,7 @@ class Engine:
         self.check_fits(len(prompt_tokens), max_tokens)
         StopMatcher(stop)
 
-    def _held_stream(
+    def _stream(
         self,
         prompt_tokens: Sequence[int],
         max_tokens: int,
@@ -388,75 +380,61 @@ class Engine:
         on_start: Callable[[], None] | None,
         matcher: GrammarMatcher | None,
     ) -> Iterator[str]:
-        with self._hold():
-            if on_start is not None:
-                on_start()
-            yield from self._stream(
-                prompt_tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, result=result, matcher=matcher
-            )
-
-    def _stream(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        max_tokens: int,
-        sampling: SamplingParams | None,
-        stop: Sequence[str],
-        result: Generation | None,
-        matcher: GrammarMatcher | None,
-    ) -> Iterator[str]:
-        """The generation itself, for `_held_stream`: it holds the engine, and `stream` has checked the request.
+        """The generation itself, for `stream` (which has checked the request); it holds the engine throughout.
 
         With a grammar's `matcher`, each token is picked from those it allows and advances it; a complete grammar
         ends the reply as its end-of-generation token would ("eos"), without running the model for that token.
         """
-        result = result if result is not None else Generation()
-        stats = result.stats
-        stats.threads = self.threads
-        self.last_stats = stats
-        sampler = Sampler(sampling or SamplingParams())
-        decoder = self.tokenizer.stream_decoder()
-        stops = StopMatcher(stop)
-        stats.stop_reason = "cancelled"  # until the loop finishes on its own
-        try:
-            started = time.perf_counter()
-            program, stats.prompt_tokens = self._prefill(prompt_tokens)
-            stats.cached_tokens = len(prompt_tokens) - stats.prompt_tokens
-            token = self.pick(program, sampler, [*prompt_tokens], step=1, matcher=matcher)
-            stats.prompt_seconds = time.perf_counter() - started
-            started = time.perf_counter()
-            history = [*prompt_tokens]
-            while True:
-                if token in self.tokenizer.stop_ids:
-                    stats.stop_reason = "eos"
-                    break
-                result.tokens.append(token)
-                history.append(token)
-                stats.generated_tokens += 1
-                if matcher is not None:
-                    matcher.accept(token)
-                text, stopped = stops.feed(decoder.feed(token))
-                if text:
-                    result.text += text
-                    yield text
-                if stopped:
-                    stats.stop_reason = "stop"
-                    break
-                if matcher is not None and matcher.complete:
-                    stats.stop_reason = "eos"
-                    break
-                if stats.generated_tokens >= max_tokens:
-                    stats.stop_reason = "length"
-                    break
-                program = self._forward([token], len(history) - 1)
-                token = self.pick(program, sampler, history, step=stats.generated_tokens + 1, matcher=matcher)
-            if stats.stop_reason != "stop":
-                tail, _ = stops.feed(decoder.flush(), final=True)
-                if tail:
-                    result.text += tail
-                    yield tail
-        finally:
-            stats.generation_seconds = time.perf_counter() - started
+        with self._hold():
+            if on_start is not None:
+                on_start()
+            result = result if result is not None else Generation()
+            stats = result.stats
+            stats.threads = self.threads
+            self.last_stats = stats
+            sampler = Sampler(sampling or SamplingParams())
+            decoder = self.tokenizer.stream_decoder()
+            stops = StopMatcher(stop)
+            stats.stop_reason = "cancelled"  # until the loop finishes on its own
+            try:
+                started = time.perf_counter()
+                program, stats.prompt_tokens = self._prefill(prompt_tokens)
+                stats.cached_tokens = len(prompt_tokens) - stats.prompt_tokens
+                token = self.pick(program, sampler, [*prompt_tokens], step=1, matcher=matcher)
+                stats.prompt_seconds = time.perf_counter() - started
+                started = time.perf_counter()
+                history = [*prompt_tokens]
+                while True:
+                    if token in self.tokenizer.stop_ids:
+                        stats.stop_reason = "eos"
+                        break
+                    result.tokens.append(token)
+                    history.append(token)
+                    stats.generated_tokens += 1
+                    if matcher is not None:
+                        matcher.accept(token)
+                    text, stopped = stops.feed(decoder.feed(token))
+                    if text:
+                        result.text += text
+                        yield text
+                    if stopped:
+                        stats.stop_reason = "stop"
+                        break
+                    if matcher is not None and matcher.complete:
+                        stats.stop_reason = "eos"
+                        break
+                    if stats.generated_tokens >= max_tokens:
+                        stats.stop_reason = "length"
+                        break
+                    program = self._forward([token], len(history) - 1)
+                    token = self.pick(program, sampler, history, step=stats.generated_tokens + 1, matcher=matcher)
+                if stats.stop_reason != "stop":
+                    tail, _ = stops.feed(decoder.flush(), final=True)
+                    if tail:
+                        result.text += tail
+                        yield tail
+            finally:
+                stats.generation_seconds = time.perf_counter() - started
 
     def pick(
         self,
@@ -503,8 +481,4 @@ def with_overrides(sampling: SamplingParams, overrides: dict[str, float | int | 
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

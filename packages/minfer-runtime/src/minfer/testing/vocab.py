@@ -22,7 +22,7 @@ import heapq
 import itertools
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import gguf
@@ -295,6 +295,28 @@ class SentencePieceStyle:
 
 _CONTROL, _USER_DEFINED = gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
 
+# Llama 2 / TinyLlama: <unk> <s> </s> scored 0 as SentencePiece stores them, no key for the space prefix (so it
+# is on), and the converter's [PADn] fill.
+LLAMA2_STYLE = SentencePieceStyle(
+    specials=(("<unk>", gguf.TokenType.UNKNOWN), ("<s>", _CONTROL), ("</s>", _CONTROL)),
+    added=(),
+    learns_space_runs=True,
+    special_score=0.0,
+    bos="<s>",
+    eos="</s>",
+    unknown="<unk>",
+    padding=None,
+    add_space_prefix=None,
+    filler="[PAD{id}]",
+    filler_first=0,
+    filler_type=gguf.TokenType.UNUSED,
+)
+
+# The chat tokens Phi-3-mini's config adds after Llama 2's vocabulary, in id order.
+PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>", "<|placeholder3|>",
+              "<|placeholder4|>", "<|system|>", "<|end|>", "<|placeholder5|>", "<|placeholder6|>",
+              "<|user|>"]  # fmt: skip
+
 SENTENCEPIECE_STYLES = {
     # Gemma 3, as llama.cpp converts it (conversion/gemma.py): every special token is CONTROL, <unk> too (the
     # tokenizer config marks it special); runs of newlines, spaces and tabs and a few HTML tags are
@@ -327,53 +349,10 @@ SENTENCEPIECE_STYLES = {
         filler_first=4,
         filler_type=_CONTROL,
     ),
-    # Llama 2 / TinyLlama: <unk> <s> </s> scored 0 as SentencePiece stores them, no key for the space prefix
-    # (so it is on), and the converter's [PADn] fill.
-    "llama2": SentencePieceStyle(
-        specials=(("<unk>", gguf.TokenType.UNKNOWN), ("<s>", _CONTROL), ("</s>", _CONTROL)),
-        added=(),
-        learns_space_runs=True,
-        special_score=0.0,
-        bos="<s>",
-        eos="</s>",
-        unknown="<unk>",
-        padding=None,
-        add_space_prefix=None,
-        filler="[PAD{id}]",
-        filler_first=0,
-        filler_type=gguf.TokenType.UNUSED,
-    ),
+    "llama2": LLAMA2_STYLE,
     # Phi-3-mini: Llama 2's vocabulary and the chat tokens its config adds after it, all CONTROL; EOS is
     # <|endoftext|>, and <|end|> ends a turn.
-    "phi3": SentencePieceStyle(
-        specials=(("<unk>", gguf.TokenType.UNKNOWN), ("<s>", _CONTROL), ("</s>", _CONTROL)),
-        added=tuple(
-            (text, _CONTROL)
-            for text in (
-                "<|endoftext|>",
-                "<|assistant|>",
-                "<|placeholder1|>",
-                "<|placeholder2|>",
-                "<|placeholder3|>",
-                "<|placeholder4|>",
-                "<|system|>",
-                "<|end|>",
-                "<|placeholder5|>",
-                "<|placeholder6|>",
-                "<|user|>",
-            )
-        ),
-        learns_space_runs=True,
-        special_score=0.0,
-        bos="<s>",
-        eos="<|endoftext|>",
-        unknown="<unk>",
-        padding=None,
-        add_space_prefix=None,
-        filler="[PAD{id}]",
-        filler_first=0,
-        filler_type=gguf.TokenType.UNUSED,
-    ),
+    "phi3": replace(LLAMA2_STYLE, added=tuple((text, _CONTROL) for text in PHI3_ADDED), eos="<|endoftext|>"),
 }
 
 # SentencePiece's pre-split for training (spaces already `▁`): letter runs, single digits, punctuation runs,
