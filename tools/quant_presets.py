@@ -1,9 +1,9 @@
 """Issue 16's check: every llama-quantize preset, made by llama.cpp's own tool, on minfer's backends.
 
-    python tools/quant_presets.py --llama-quantize BIN --check-f16 SMALL.gguf [--bench-f16 BIG.gguf
-        --llama-bench BIN] [--backend cuda] [--presets Q4_K_M,...] [--workdir DIR]
+    python tools/quant_presets.py --llama-quantize BIN [--check-f16 SMALL.gguf] [--bench-f16 BIG.gguf
+        [--llama-bench BIN]] [--backend cuda] [--presets Q4_K_M,...] [--workdir DIR]
 
-For each preset, `llama-quantize` turns the F16 model `--check-f16` into that preset (its own type mix:
+For each preset, `llama-quantize` turns the F16 model `--check-f16` (when given) into that preset (its own type mix:
 the output head, attn_v and ffn_down get other types), and the file runs on the CPU and on `--backend`
 over the same prompts: the last position's relative logit error and the greedy continuations, with the
 bounds of packages/minfer-runtime/tests/test_cuda_backend.py (error < 1e-2, 4 of 5 continuations
@@ -66,29 +66,31 @@ def check(path: Path, backend: str) -> tuple[float, int]:
     return worst, identical
 
 
-def minfer_rates(path: Path, backend: str) -> dict[str, float]:
-    """`minfer bench`'s t/s by test (pp512, tg128)."""
+def minfer_rates(path: Path, backend: str, *flags: str) -> dict[str, float]:
+    """`minfer bench`'s t/s by test (pp512, tg128, `tg128 @ d2048` with `-d 2048`), more `flags` given."""
     out = subprocess.run([sys.executable, "-m", "minfer.cli", "bench", "-m", str(path), "--backend", backend,
-                          "-p", "512", "-n", "128", "-r", "5", "-o", "csv"], check=True, capture_output=True,
+                          "-p", "512", "-n", "128", "-r", "5", "-o", "csv", *flags], check=True, stdout=subprocess.PIPE,
                          text=True).stdout  # fmt: skip
     return {row["test"]: float(row["avg_ts"]) for row in csv.DictReader(io.StringIO(out))}
 
 
-def llama_rates(llama_bench: Path, path: Path) -> dict[str, float]:
-    """llama-bench's t/s by test, flash attention on, every layer on the GPU."""
+def llama_rates(llama_bench: Path, path: Path, *flags: str) -> dict[str, float]:
+    """llama-bench's t/s by test, named as minfer bench names them; flash attention on, every layer on the GPU."""
     out = subprocess.run([str(llama_bench), "-m", str(path), "-p", "512", "-n", "128", "-fa", "1", "-ngl", "99",
-                          "-r", "5", "-o", "csv"], check=True, capture_output=True, text=True).stdout  # fmt: skip
+                          "-r", "5", "-o", "csv", *flags], check=True, stdout=subprocess.PIPE,
+                         text=True).stdout  # fmt: skip
     rates = {}
     for row in csv.DictReader(io.StringIO(out)):
         test = f"pp{row['n_prompt']}" if int(row["n_gen"]) == 0 else f"tg{row['n_gen']}"
-        rates[test] = float(row["avg_ts"])
+        depth = int(row.get("n_depth") or 0)
+        rates[test + (f" @ d{depth}" if depth else "")] = float(row["avg_ts"])
     return rates
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-quantize", type=Path, required=True)
-    parser.add_argument("--check-f16", type=Path, required=True, help="the F16 model the check quantizes")
+    parser.add_argument("--check-f16", type=Path, help="the F16 model the check quantizes")
     parser.add_argument("--bench-f16", type=Path, help="the F16 model the speed table quantizes")
     parser.add_argument("--llama-bench", type=Path)
     parser.add_argument("--backend", default="cuda", help="the backend checked against the CPU (default: cuda)")
@@ -98,6 +100,8 @@ def main() -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     presets = args.presets.split(",")
     unknown = sorted(set(presets) - set(PRESETS))
+    if args.check_f16 is None and args.bench_f16 is None:
+        parser.error("nothing to do: give --check-f16, --bench-f16 or both")
     if unknown:
         parser.error(f"--presets: unknown {', '.join(unknown)} (known: {', '.join(PRESETS)})")
     failed = False
@@ -105,9 +109,11 @@ def main() -> int:
           "| llama.cpp pp512 | llama.cpp tg128 |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset in presets:
-        error, identical = check(quantize(args.llama_quantize, args.check_f16, preset, args.workdir), args.backend)
-        failed |= error >= MAX_LOGIT_ERROR or identical < MIN_IDENTICAL
-        cells = [f"{error:.1e}", f"{identical}/{PROMPTS}", "", "", "", ""]
+        cells = [""] * 6
+        if args.check_f16 is not None:
+            error, identical = check(quantize(args.llama_quantize, args.check_f16, preset, args.workdir), args.backend)
+            failed |= error >= MAX_LOGIT_ERROR or identical < MIN_IDENTICAL
+            cells[:2] = [f"{error:.1e}", f"{identical}/{PROMPTS}"]
         if args.bench_f16 is not None:
             path = quantize(args.llama_quantize, args.bench_f16, preset, args.workdir)
             ours = minfer_rates(path, args.backend)

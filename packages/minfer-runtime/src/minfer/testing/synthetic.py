@@ -116,6 +116,8 @@ PRESETS: dict[str, SyntheticSpec] = {
     # Scaled down, same structure: small enough for every test to run in milliseconds.
     "tiny-llama": SyntheticSpec("llama", 2, 64, 4, 2, 160, 512, 512, 10000.0, 1e-5, tied_output=False),
     "tiny-qwen2": SyntheticSpec("qwen2", 2, 64, 4, 2, 160, 512, 512, 1000000.0, 1e-6, True, True),
+    # Llama-3.2-1B's shapes (the performance issue's second size; its RoPE scaling left out: speed only).
+    "llama3.2-1b": SyntheticSpec("llama", 16, 2048, 32, 8, 8192, 128256, 131072, 500000.0, 1e-5, tied_output=True),
     # Qwen3-0.6B's shapes: heads of 128 (q 2048 wide on a 1024 residual), q/k norms, no bias.
     "qwen3-0.6b": SyntheticSpec("qwen3", 28, 1024, 16, 8, 3072, 151936, 40960, 1000000.0, 1e-6, key_length=128),
     # Gemma 3 270M's: heads of 256, one KV head, a 512-row window on 5 layers of 6, a 262144-token vocabulary.

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 17's evidence on a GPU machine: minfer against llama.cpp on the same files, one markdown table.
+#
+#   tools/bench-vs-llamacpp.sh [ARGS of tools/bench_vs_llamacpp.py]
+#
+# llama.cpp comes from the llama-cpp-python sdist's vendor/llama.cpp: LLAMA_CPP names that folder (default
+# .reference/llama-cpp-python-0.3.36-llama.cpp, which `nox -s tests` downloads and unpacks; the GPU machine has
+# no network, so carry it), built for this GPU with CUDA into LLAMA_BUILD (default build/llama.cpp), in the
+# background while the synthetic F16 models are written. LLAMA_BIN, a folder holding llama-bench and
+# llama-quantize already built, skips the build. minfer must be installed (tools/gpu-check.sh builds it).
+# Knobs: CUDA_ARCHS (default native), JOBS (default: every core), SHAPES (default qwen2.5-0.5b llama3.2-1b),
+# WORKDIR (default /tmp/minfer-vs-llamacpp), PYTHON (default python3).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+WORKDIR=${WORKDIR:-/tmp/minfer-vs-llamacpp}
+SHAPES=${SHAPES:-qwen2.5-0.5b llama3.2-1b}
+mkdir -p "$WORKDIR"
+start=$SECONDS
+
+if [ -z "${LLAMA_BIN:-}" ]; then
+    source_dir=${LLAMA_CPP:-.reference/llama-cpp-python-0.3.36-llama.cpp}
+    build_dir=${LLAMA_BUILD:-build/llama.cpp}
+    if [ ! -f "$source_dir/CMakeLists.txt" ]; then
+        echo "bench-vs-llamacpp: no llama.cpp source in $source_dir (set LLAMA_CPP, or LLAMA_BIN to built binaries)" >&2
+        exit 1
+    fi
+    mkdir -p "$build_dir"
+    (
+        cmake -S "$source_dir" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DGGML_NATIVE=OFF && ninja -C "$build_dir" -j "${JOBS:-$(nproc)}" llama-bench llama-quantize
+    ) > "$WORKDIR/llama-build.log" 2>&1 &
+    build=$!
+    LLAMA_BIN=$build_dir/bin
+fi
+
+# The F16 sources, written while llama.cpp compiles (bench_vs_llamacpp.py writes any that are missing).
+for shape in $SHAPES; do
+    model="$WORKDIR/$shape-F16.gguf"
+    if [ ! -f "$model" ]; then
+        "$PYTHON" -m minfer.testing.synthetic "$model.tmp" --preset "$shape" --weight-type F16 || exit 1
+        mv "$model.tmp" "$model"
+    fi
+done
+
+if [ -n "${build:-}" ]; then
+    if ! wait "$build"; then
+        tail -20 "$WORKDIR/llama-build.log" >&2
+        echo "bench-vs-llamacpp: the llama.cpp build failed (log: $WORKDIR/llama-build.log)" >&2
+        exit 1
+    fi
+fi
+echo "bench-vs-llamacpp: llama.cpp and the models ready after $((SECONDS - start)) s" >&2
+"$PYTHON" tools/bench_vs_llamacpp.py --llama-bin "$LLAMA_BIN" --shapes "$(echo $SHAPES | tr ' ' ',')" \
+    --workdir "$WORKDIR" "$@"
+status=$?
+echo "bench-vs-llamacpp: $((SECONDS - start)) s" >&2
+exit $status
