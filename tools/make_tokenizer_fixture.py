@@ -1,12 +1,15 @@
 """Regenerate the tokenizer fixture: token ids from a tokenizer that minfer did not write.
 
-    python tools/make_tokenizer_fixture.py [--reference llama.cpp|transformers] [--out PATH]
+    python tools/make_tokenizer_fixture.py [--reference llama.cpp|transformers] [--llama-tokenize BIN]
+        [--out PATH]
 
-The reference is llama.cpp itself (through llama-cpp-python, vocabulary only),
-the implementation minfer's tokenizer follows. Installing llama-cpp-python
-compiles llama.cpp, which is why this runs only here, never in CI. Every id
-list is also computed with transformers' GGUF tokenizer loading, and each
-disagreement between the two is written into the fixture.
+The reference is llama.cpp itself (vocabulary only), the implementation minfer's
+tokenizer follows: through llama-cpp-python, or through llama.cpp's own
+`llama-tokenize` tool when --llama-tokenize names it (built from the same
+llama-cpp-python sdist's vendor/llama.cpp). Either compiles llama.cpp, which is
+why this runs only here, never in CI. Every id list is also computed with
+transformers' GGUF tokenizer loading, and each disagreement between the two is
+written into the fixture.
 
 Vocabularies covered: the default model (SmolLM2-135M-Instruct, pre-tokenizer
 `smollm`) and a synthetic vocabulary from `minfer.testing.vocab` for each
@@ -22,6 +25,7 @@ import importlib.metadata
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -35,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "packages/minfer-runtime/tests/fixtures/tokenizer_ids.json"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYNTHETIC_VOCAB_SIZE = 2048
-SYNTHETIC_PRE_TOKENIZERS = ("smollm", "gpt-2", "qwen2", "llama-bpe", "default")
+SYNTHETIC_PRE_TOKENIZERS = ("smollm", "gpt-2", "qwen2", "llama-bpe", "gpt-4o", "default")
 ID_LIST = re.compile(r"\[\s*(\d+(?:,\s*\d+)*)\s*\]")
 
 TEXTS = [
@@ -79,6 +83,8 @@ TEXTS = [
     "https://example.com/path?query=1&b=2#frag",
     "user@example.com",
     "CamelCaseIdentifier_with_snake_case123",
+    "HTTPServer iPhone McDonald's ÉLAN Élan XMLHttpRequest",
+    "path/to/file\n/usr/local/bin//\n",
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
     "text before <|im_end|> text after",
     "<|endoftext|><|endoftext|>",
@@ -139,6 +145,35 @@ class LlamaCppReference:
         return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=parse_special)
 
 
+class LlamaTokenizeReference:
+    """llama.cpp's `llama-tokenize` (vocabulary only, no BOS, escapes off; it parses special tokens unless told
+    not to): the same tokenizer as llama-cpp-python's, without compiling the binding."""
+
+    name = "llama.cpp"
+    package = "llama-tokenize"
+    binary: Path | None = None  # set from --llama-tokenize
+
+    @classmethod
+    def version(cls) -> str:
+        """The first line of `llama-tokenize --version`: llama.cpp's version and build."""
+        assert cls.binary is not None
+        out = subprocess.run([str(cls.binary), "--version"], capture_output=True, text=True, check=True)
+        return (out.stdout + out.stderr).strip().splitlines()[0].removeprefix("version: ")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def encode(self, text: str, parse_special: bool) -> list[int]:
+        assert self.binary is not None
+        command = [str(self.binary), "-m", str(self._path), "--stdin", "--ids", "--no-bos", "--no-escape",
+                   "--log-disable", *([] if parse_special else ["--no-parse-special"])]  # fmt: skip
+        out = subprocess.run(command, input=text.encode("utf-8"), capture_output=True, check=True).stdout
+        match = re.search(rb"\[[\d, ]*\]\s*$", out)
+        if match is None:
+            sys.exit(f"llama-tokenize printed no id list for {text!r}: {out[-200:]!r}")
+        return json.loads(match.group(0))
+
+
 class TransformersReference:
     name = "transformers"
     package = "transformers"
@@ -153,16 +188,24 @@ class TransformersReference:
 
 
 REFERENCES = {"llama.cpp": LlamaCppReference, "transformers": TransformersReference}
+Reference = LlamaCppReference | LlamaTokenizeReference | TransformersReference
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", choices=REFERENCES, default="llama.cpp")
+    parser.add_argument("--llama-tokenize", type=Path, help="llama.cpp's llama-tokenize, instead of llama-cpp-python")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     primary = REFERENCES[args.reference]
+    if args.llama_tokenize is not None:
+        if args.reference != "llama.cpp":
+            parser.error("--llama-tokenize is the llama.cpp reference: leave --reference at llama.cpp")
+        LlamaTokenizeReference.binary = args.llama_tokenize
+        primary = LlamaTokenizeReference
     cross_check = next(reference for name, reference in REFERENCES.items() if name != args.reference)
-    require_package(primary.package)
+    if primary is not LlamaTokenizeReference:
+        require_package(primary.package)
     check_texts()
 
     entries: dict[str, dict] = {}
@@ -219,6 +262,8 @@ def is_installed(package: str) -> bool:
 
 
 def package_info(reference: type) -> dict[str, str]:
+    if reference is LlamaTokenizeReference:
+        return {"name": reference.name, "package": reference.package, "version": reference.version()}
     version = importlib.metadata.version(reference.package) if is_installed(reference.package) else None
     return {"name": reference.name, "package": reference.package, "version": version}
 
@@ -265,7 +310,7 @@ def synthetic_vocab_sha256(vocab_size: int) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
 
-def tokenize_all(reference: LlamaCppReference | TransformersReference) -> list[dict]:
+def tokenize_all(reference: Reference) -> list[dict]:
     cases = []
     for text in TEXTS:
         case = {"text": text, "ids": reference.encode(text, parse_special=True)}
@@ -275,7 +320,7 @@ def tokenize_all(reference: LlamaCppReference | TransformersReference) -> list[d
     return cases
 
 
-def compare(vocabulary: str, cases: list[dict], other: LlamaCppReference | TransformersReference) -> list[dict]:
+def compare(vocabulary: str, cases: list[dict], other: Reference) -> list[dict]:
     disagreements = []
     for case in cases:
         for key, parse_special in (("ids", True), ("ids_no_special", False)):

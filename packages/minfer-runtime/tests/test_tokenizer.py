@@ -95,7 +95,7 @@ def test_fixture_comes_from_an_independent_reference_and_covers_enough():
     assert FIXTURE["reference"]["name"] in ("llama.cpp", "transformers")
     assert FIXTURE["reference"]["version"]
     pres = {entry["pre"] for entry in FIXTURE["vocabularies"].values()}
-    assert {"smollm", "qwen2", "llama-bpe", "gpt-2", "default"} <= pres
+    assert {"smollm", "qwen2", "llama-bpe", "gpt-2", "gpt-4o", "default"} <= pres
     texts = [case["text"] for case in DEFAULT_MODEL["cases"]]
     assert len(set(texts)) >= 50
     assert any("<|im_start|>" in text for text in texts)

@@ -76,6 +76,15 @@ _LLAMA3_WORDS = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2_WORDS = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# GPT-4o's (o200k: Phi-4-mini, Llama 4): a word is an optional non-letter, then capitals, then lower-case letters,
+# or capitals and then lower case, each with an optional contraction; numbers in runs of up to three. llama.cpp
+# spells "capital" as a letter that is not a-z and "lower case" as one that is not A-Z (its engine has no
+# \p{Lu}/\p{Ll}); we keep its spelling, so that the ids are its ids.
+_GPT4O_WORDS = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-2": PreTokenizer((_GPT2_WORDS,)),
     "qwen2": PreTokenizer((_QWEN2_WORDS,)),
     "llama-bpe": PreTokenizer((_LLAMA3_WORDS,), ignore_merges=True, add_bos_default=True),
+    # The names llama.cpp gives GPT-4o's split (LLAMA_VOCAB_PRE_TYPE_GPT4O).
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), PreTokenizer((_GPT4O_WORDS,))),
     # llama.cpp's fallback for files that name no pre-tokenizer.
     "default": PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_WORDS, r"\p{N}+", r"[0-9][0-9][0-9]")),
 }
