@@ -331,6 +331,10 @@ void bind_kernels(nb::module_& k) {
                     "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",
                     "x"_a, "out"_a, "workspace"_a, "rows"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "toy_busy", launch_toy_busy,
+                    "For the tutorial only (toys.cu): `blocks` blocks of one warp spin `cycles` GPU clocks; "
+                    "out[b] = the clocks block b spun.",
+                    "out"_a, "cycles"_a, "blocks"_a, "stream"_a);
 }
 
 // The Python class minfer_kernels.CudaError, held for the life of the process: never released, since

@@ -109,4 +109,7 @@ cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, c
 std::size_t argmax_workspace_bytes(int rows, int n);
 cudaError_t launch_argmax_f32(const float* x, int* out, void* workspace, int rows, int n, cudaStream_t stream);
 
+// toys.cu: for the tutorial only (docs/tutorial/toys/streams.py); no graph op uses it.
+cudaError_t launch_toy_busy(long long* out, long long cycles, int blocks, cudaStream_t stream);
+
 }  // extern "C"

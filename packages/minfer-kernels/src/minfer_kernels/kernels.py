@@ -49,6 +49,7 @@ attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
 attention_prefill_f32 = _kernels.attention_prefill_f32
 argmax_f32 = _kernels.argmax_f32
 argmax_workspace_bytes = _kernels.argmax_workspace_bytes
+toy_busy = _kernels.toy_busy  # for the tutorial only (csrc/kernels/toys.cu)
 TYPES = _kernels.TYPES
 
 __all__ = [
@@ -82,4 +83,5 @@ __all__ = [
     "slice_f32",
     "softcap_f32",
     "swiglu_f32",
+    "toy_busy",
 ]
