@@ -94,7 +94,7 @@ step "bench replay" "$PYTHON" -m minfer.cli bench "$MODEL" --backend cuda -p 64 
 step "bench no replay" env MINFER_NO_CUDA_GRAPH=1 "$PYTHON" -m minfer.cli bench "$MODEL" --backend cuda -p 64 -n 64 -r 2
 step "op timing" env MINFER_OP_TIMING=1 "$PYTHON" -m minfer.cli bench "$MODEL" --backend cuda -p 16 -n 16 -r 1
 step "ncu silu.cu" ncu --clock-control none --section SpeedOfLight -k regex:silu "$BUILD/silu"
-step "ncu gemv_swiglu" ncu --clock-control none --kernel-name-base demangled -k regex:GemvSwiglu --launch-skip 24 \
+step "ncu gemv_swiglu" ncu --clock-control none --kernel-name-base demangled -k regex:GemvGated --launch-skip 24 \
     --launch-count 1 --section SpeedOfLight --section LaunchStats \
     "$PYTHON" -m minfer.cli bench "$MODEL" --backend cuda -p 16 -n 8 -r 1
 if command -v nsys >/dev/null; then
