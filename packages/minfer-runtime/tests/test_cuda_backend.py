@@ -205,7 +205,7 @@ def test_op_timing_table_lists_every_op(synthetic_model, monkeypatch):
     list(engine.generate("timing", max_tokens=4, sampling=GREEDY))
     report = engine.backend.op_timing_report()
     assert report is not None
-    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu", "add_bias", "gemv_qkv_rope_store"):
+    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu_f32", "add_bias", "gemv_qkv_rope_store"):
         assert f"| {op} |" in report
     assert engine.program(1).compiled.cuda_graph is None  # timed runs are never captured
 

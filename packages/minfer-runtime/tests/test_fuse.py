@@ -60,7 +60,7 @@ def test_a_prompt_runs_q_k_v_and_gate_up_as_gemm_groups_and_swiglu_as_one_kernel
     assert len(groups) == 2 * config.n_layers
     assert [t.name for t in groups[0].outputs] == ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v"]
     ops = [node.op for node in graph.nodes]
-    assert ops.count(FusedOp.SWIGLU) == config.n_layers
+    assert ops.count(FusedOp.SWIGLU_F32) == config.n_layers
     assert not {Op.SILU, Op.MUL, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
     # A weight of another type ends a run (the Q4_K_M mix's attn_v).
     mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("attn_v.weight") else 8)
@@ -79,7 +79,7 @@ def test_gate_and_up_of_different_types_stay_separate_matmuls():
     ops = [node.op for node in graph.nodes]
     assert ops.count(FusedOp.GEMV_SWIGLU) == 1  # layer 0 only
     layer_1 = [node.op for node in graph.nodes if node.name.startswith("blk.1.ffn")]
-    assert layer_1 == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, FusedOp.SWIGLU, FusedOp.GEMV]
+    assert layer_1 == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, FusedOp.SWIGLU_F32, FusedOp.GEMV]
 
 
 # A decode layer of the families that norm each head of q and k before RoPE: the QKV kernel rotating nothing,

@@ -335,6 +335,6 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.GEMV_GEGLU: gemv_geglu,
     FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
-    FusedOp.SWIGLU: swiglu_f32,
+    FusedOp.SWIGLU_F32: swiglu_f32,
     FusedOp.GEMM_GROUP: gemm_group,
 }

@@ -34,7 +34,7 @@ class FusedOp(enum.Enum):
     #                                              rope on q and k (none: rope_dim 0); kv_store of k and v; q out
     HEAD_NORM_ROPE = "head_norm_rope_f32"  # one token: rope(rms_norm(q, q_norm)) per head, in place into q, and
     #                                        the same of k (k_norm) in its cache row at positions[0]
-    SWIGLU = "swiglu"  # silu(gate) * up, in place into gate
+    SWIGLU_F32 = "swiglu_f32"  # silu(gate) * up, in place into gate
     GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x, one launch
 
 
@@ -293,7 +293,7 @@ def fuse_swiglu(g: Rewrite, weight_type: WeightType) -> None:
     for silu in g.nodes:
         mul = g.sole_reader(silu.output, Op.MUL) if silu.op is Op.SILU else None
         if mul is not None and mul.inplace_input == 0:
-            g.replace([silu, mul], FusedOp.SWIGLU, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
+            g.replace([silu, mul], FusedOp.SWIGLU_F32, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
                       inplace_input=0)  # fmt: skip
 
 
