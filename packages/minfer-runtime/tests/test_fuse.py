@@ -200,7 +200,7 @@ class FusedCpuGraph(CpuCompiledGraph):
             rope_inplace(x, positions, n_heads, *rope)
         cache_k[positions] = k
 
-    def swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+    def swiglu_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = out / (1 + np.exp(-out)) * ins[1]  # out holds the gate
 
     def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
