@@ -245,6 +245,9 @@ void bind_kernels(nb::module_& k) {
     MINFER_LAUNCHER(k, "rms_norm_f32", launch_rms_norm_f32,
                     "out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight over [rows][d]; out may alias x.", "x"_a,
                     "weight"_a, "out"_a, "rows"_a, "d"_a, "eps"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "rms_norm_add_f32", launch_rms_norm_add_f32,
+                    "y[r] += x[r] / sqrt(mean(x[r]^2) + eps) * weight over [rows][d]; x must not alias y.", "x"_a,
+                    "weight"_a, "y"_a, "rows"_a, "d"_a, "eps"_a, "stream"_a);
     MINFER_LAUNCHER(k, "rope_f32", launch_rope_f32,
                     "Rotate x [n_tokens][n_heads*head_dim] in place: pair p by positions[t] * inv_freq[p] "
                     "(device int32 [n_tokens], device float64 [n_rot/2]), cos and sin times mscale; mode 0 = "

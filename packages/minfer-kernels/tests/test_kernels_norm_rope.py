@@ -1,7 +1,8 @@
 """RMSNorm and RoPE against numpy float64.
 
 Error bounds:
-    rms_norm   1e-5 relative to |reference| (a float32 sum of d squares, rsqrtf, two products)
+    rms_norm   1e-5 relative to |reference| (a float32 sum of d squares, rsqrtf, two products); rms_norm_add
+               the same, relative to |y| + |norm| (the add's one float32 rounding is far below it)
     rope       1e-6 relative to max(mscale, 1) (|a| + |b|) of the rotated pair (cos/sin rounded to float32
                and scaled, then two products and a sum); dimensions past n_rot must come back bit for bit
     head_norm_rope
@@ -46,6 +47,23 @@ def test_rms_norm_in_place(rng, stream, dev):
     buffer = to_device(x, stream)
     kernels.rms_norm_f32(buffer.ptr, dev(weight), buffer.ptr, 4, 896, EPS, stream.handle)
     assert_close(from_device(buffer, (4, 896), np.float32, stream), rms_norm(x, weight, EPS), 1e-5)
+
+
+@pytest.mark.parametrize(("rows", "d"), [(1, 640), (33, 4097), (7, 33), (5, 1)])
+def test_rms_norm_add(rng, stream, dev, rows, d):
+    x, weight, y = randn(rng, rows, d, scale=2.0), randn(rng, d), randn(rng, rows, d)
+    buffer = to_device(y, stream)
+    kernels.rms_norm_add_f32(dev(x), dev(weight), buffer.ptr, rows, d, EPS, stream.handle)
+    normed = rms_norm(x, weight, EPS)
+    # Relative to the two terms, not to their sum, which can cancel to near zero.
+    got = from_device(buffer, (rows, d), np.float32, stream)
+    assert_close(got, y + normed, 1e-5, scale=np.abs(y) + np.abs(normed), what="rms_norm_add")
+
+
+def test_rms_norm_add_refuses_x_aliasing_y(stream, dev):
+    buffer = to_device(np.ones((2, 8), np.float32), stream)
+    with pytest.raises(ValueError, match="launch_rms_norm_add_f32 refused its arguments: x must not alias y"):
+        kernels.rms_norm_add_f32(buffer.ptr, dev(np.ones(8, np.float32)), buffer.ptr, 2, 8, EPS, stream.handle)
 
 
 ROPE_CASES = [

@@ -87,8 +87,8 @@ def test_gate_and_up_of_different_types_stay_separate_matmuls():
 QK_NORM_LAYERS = {
     "tiny-qwen3": [FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, *FUSED_LAYER[1:]],
     "tiny-gemma3": [
-        FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, Op.ATTENTION, Op.MATMUL, Op.RMS_NORM, Op.ADD,
-        FusedOp.GEMV_GEGLU, Op.MATMUL, Op.RMS_NORM, Op.ADD,
+        FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, Op.ATTENTION, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
+        FusedOp.GEMV_GEGLU, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
     ],
 }  # fmt: skip
 
@@ -115,6 +115,21 @@ def test_a_qk_norm_decode_layer_is_the_qkv_kernel_then_the_head_norm_kernel(pres
     tables = {n.inputs[4].name for n in graph.nodes if n.op is FusedOp.HEAD_NORM_ROPE}
     assert tables == ({"rope.inv_freq", "rope.inv_freq_local"} if preset == "tiny-gemma3" else {"rope.inv_freq"})
     assert {t.name for t in graph.weights()} == {t.name for t in build_graph(config, 1, 64).weights()}
+
+
+def test_a_post_block_norm_is_added_into_the_residual_in_one_kernel():
+    """Gemma 3's post_attention_norm and post_ffw_norm, one token and a prompt alike: the norm and the add into
+    the residual stream become one rms_norm_add_f32, in place into the residual."""
+    for n_tokens in (1, 16):
+        graph = lowered("tiny-gemma3", n_tokens)
+        fused = [node for node in graph.nodes if node.op is FusedOp.RMS_NORM_ADD_F32]
+        assert [node.name for node in fused[:2]] == ["blk.0.post_attention_norm+attn_residual",
+                                                      "blk.0.post_ffw_norm+ffn_residual"]  # fmt: skip
+        assert len(fused) == 2 * PRESETS["tiny-gemma3"].n_layers
+        norm_add = fused[0]
+        assert norm_add.params["args"] == ("x", "weight", "y") and norm_add.inplace_input == 2
+        assert [t.name for t in norm_add.inputs[:2]] == ["blk.0.attn_output", "blk.0.post_attention_norm.weight"]
+        assert norm_add.output.name == "blk.0.attn_residual"
 
 
 def changed_layer_0(graph: Graph, change: str) -> Graph:
@@ -202,6 +217,12 @@ class FusedCpuGraph(CpuCompiledGraph):
 
     def swiglu_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = out / (1 + np.exp(-out)) * ins[1]  # out holds the gate
+
+    def rms_norm_add_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        x, weight, _ = ins
+        normed = np.empty_like(x)
+        rms_norm(x, weight, node.params["eps"], normed)
+        out += normed  # out holds y: aliased or staged
 
     def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         x, *weights = ins

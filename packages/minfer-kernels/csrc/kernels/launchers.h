@@ -36,6 +36,9 @@ cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cu
 // norm.cu
 cudaError_t launch_rms_norm_f32(const float* x, const float* weight, float* out, int rows, int d, float eps,
                                 cudaStream_t stream);
+// y[r] += rms_norm(x[r]) * weight over [rows][d] (Gemma's post-block norms into the residual); x must not alias y.
+cudaError_t launch_rms_norm_add_f32(const float* x, const float* weight, float* y, int rows, int d, float eps,
+                                    cudaStream_t stream);
 
 // rope.cu. inv_freq: the device table of n_rot/2 pair frequencies (rope.cuh), mscale: the factor on cos and sin.
 cudaError_t launch_rope_f32(float* x, const int* positions, int n_tokens, int n_heads, int head_dim, int n_rot,

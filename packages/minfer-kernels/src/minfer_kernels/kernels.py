@@ -32,6 +32,7 @@ slice_f32 = _kernels.slice_f32
 swiglu_f32 = _kernels.swiglu_f32
 add_bias_f32 = _kernels.add_bias_f32
 rms_norm_f32 = _kernels.rms_norm_f32
+rms_norm_add_f32 = _kernels.rms_norm_add_f32
 rope_f32 = _kernels.rope_f32
 head_norm_rope_f32 = _kernels.head_norm_rope_f32
 embed_rows = _kernels.embed_rows
@@ -76,6 +77,7 @@ __all__ = [
     "kv_store_f32",
     "matmul",
     "mul_f32",
+    "rms_norm_add_f32",
     "rms_norm_f32",
     "rope_f32",
     "scale_f32",

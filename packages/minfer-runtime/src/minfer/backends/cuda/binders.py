@@ -149,6 +149,15 @@ def rms_norm_f32(b: Binding, node: Node) -> list[Launch]:
     return launch(b, mk.kernels.rms_norm_f32, x=x, weight=weight, out=out, rows=rows, d=d, eps=eps)
 
 
+def rms_norm_add_f32(b: Binding, node: Node) -> list[Launch]:
+    """In place: y, the residual, is in the output buffer."""
+    (d,) = node.inputs[1].shape
+    return launch(
+        b, mk.kernels.rms_norm_add_f32, **(named_inputs(b, node) | {"y": b.ptr(node.output)}),
+        rows=node.output.n_elements // d, d=d, eps=node.params["eps"],
+    )  # fmt: skip
+
+
 def rope_f32(b: Binding, node: Node) -> list[Launch]:
     check_heads(node)
     p = node.params
@@ -336,5 +345,6 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
     FusedOp.SWIGLU_F32: swiglu_f32,
+    FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
     FusedOp.GEMM_GROUP: gemm_group,
 }

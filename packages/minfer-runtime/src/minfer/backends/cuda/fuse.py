@@ -35,6 +35,7 @@ class FusedOp(enum.Enum):
     HEAD_NORM_ROPE = "head_norm_rope_f32"  # one token: rope(rms_norm(q, q_norm)) per head, in place into q, and
     #                                        the same of k (k_norm) in its cache row at positions[0]
     SWIGLU_F32 = "swiglu_f32"  # silu(gate) * up, in place into gate
+    RMS_NORM_ADD_F32 = "rms_norm_add_f32"  # y + rms_norm(x, g), in place into y (Gemma's post-block norms)
     GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x, one launch
 
 
@@ -63,7 +64,7 @@ def matmul_kernel(node: Node) -> str:
 def fuse(graph: Graph, weight_type: WeightType) -> Graph:
     """`graph` with every group of nodes a rule matches replaced by its fused node, the rules in order."""
     nodes = drop_single_last_row(graph)
-    for rule in (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_gemm_groups):
+    for rule in (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_norm_add, fuse_gemm_groups):
         rewrite = Rewrite(nodes, {t.name for t in graph.outputs.values()})
         rule(rewrite, weight_type)
         nodes = rewrite.result()
@@ -295,6 +296,17 @@ def fuse_swiglu(g: Rewrite, weight_type: WeightType) -> None:
         if mul is not None and mul.inplace_input == 0:
             g.replace([silu, mul], FusedOp.SWIGLU_F32, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
                       inplace_input=0)  # fmt: skip
+
+
+def fuse_norm_add(g: Rewrite, weight_type: WeightType) -> None:
+    """A row norm whose only reader adds it into the residual (Gemma's post_attention_norm and post_ffw_norm):
+    one kernel that norms x and adds it into y in place."""
+    for norm in g.nodes:
+        add = g.sole_reader(norm.output, Op.ADD) if is_row_norm(norm) else None
+        if add is not None and add.inputs[1 - add.inplace_input].name == norm.output.name:
+            x, weight = norm.inputs
+            g.replace([norm, add], FusedOp.RMS_NORM_ADD_F32, [x, weight, add.inputs[add.inplace_input]], add.output,
+                      ("x", "weight", "y"), inplace_input=2, params={"eps": norm.params["eps"]})  # fmt: skip
 
 
 def fuse_gemm_groups(g: Rewrite, weight_type: WeightType) -> None:
