@@ -13,29 +13,26 @@ namespace {
 
 constexpr int NORM_THREADS = 256;
 
+// 1 / sqrt(mean(row^2) + eps), for every thread of the block (its threads stride over the row).
+__device__ float row_inv_rms(const float* row, int d, float eps) {
+    float sum_of_squares = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) sum_of_squares += row[i] * row[i];
+    return rsqrtf(block_sum(sum_of_squares) / float(d) + eps);
+}
+
 __global__ void rms_norm_f32(const float* x, const float* weight, float* out, int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* out_row = out + std::size_t(blockIdx.x) * d;
-
-    float sum_of_squares = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) sum_of_squares += row[i] * row[i];
-    sum_of_squares = block_sum(sum_of_squares);
-
-    const float inv_rms = rsqrtf(sum_of_squares / float(d) + eps);
+    const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = row[i] * inv_rms * weight[i];
 }
 
-// x must not alias y: every thread reads all of x's row for the sum before any thread adds into y.
+// x must not alias y (both __restrict__: the compiler may move x's loads past the stores into y).
 __global__ void rms_norm_add_f32(const float* __restrict__ x, const float* __restrict__ weight, float* __restrict__ y,
                                  int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* y_row = y + std::size_t(blockIdx.x) * d;
-
-    float sum_of_squares = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) sum_of_squares += row[i] * row[i];
-    sum_of_squares = block_sum(sum_of_squares);
-
-    const float inv_rms = rsqrtf(sum_of_squares / float(d) + eps);
+    const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) y_row[i] += row[i] * inv_rms * weight[i];
 }
 
