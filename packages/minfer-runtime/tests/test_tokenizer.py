@@ -22,9 +22,11 @@ DEFAULT_MODEL = FIXTURE["vocabularies"]["smollm2-135m-instruct"]
 IM_START, IM_END, ENDOFTEXT = 1, 2, 0  # ids of the ChatML tokens in every vocabulary used here
 
 
-def write_gguf(path: Path, write_keys) -> Path:
+def write_gguf(path: Path, write_keys, architecture: str = "llama", name: str | None = None) -> Path:
     """A tokenizer-only GGUF: `write_keys(writer)` adds the metadata."""
-    writer = gguf.GGUFWriter(path, "llama")
+    writer = gguf.GGUFWriter(path, architecture)
+    if name is not None:
+        writer.add_name(name)
     write_keys(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

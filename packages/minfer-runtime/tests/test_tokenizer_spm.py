@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from test_tokenizer import write_gguf
 
 from minfer import cli
 from minfer.errors import TokenizerError
@@ -30,19 +31,6 @@ VOCABULARIES = FIXTURE["vocabularies"]
 TRAINED = VOCABULARIES["sentencepiece-bpe"]
 GEMMA = VOCABULARIES["gemma3-270m"]
 SYNTHETIC = {name: entry for name, entry in VOCABULARIES.items() if name.startswith("synthetic-spm-")}
-
-
-def write_gguf(path: Path, write_keys, architecture: str = "llama", name: str | None = None) -> Path:
-    """A tokenizer-only GGUF: `write_keys(writer)` adds the metadata."""
-    writer = gguf.GGUFWriter(path, architecture)
-    if name is not None:
-        writer.add_name(name)
-    write_keys(writer)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def write_recorded_keys(writer: gguf.GGUFWriter, keys: list[list]) -> None:
