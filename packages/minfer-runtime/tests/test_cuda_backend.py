@@ -269,9 +269,16 @@ def test_inplace_input_with_other_readers_is_staged_on_the_device():
     np.testing.assert_allclose(program.read("z"), rows + (rows + weights["bias"]), rtol=1e-6)
 
 
+# From GEMM_MIN_TOKENS tokens on, a prompt's products run the tensor-core GEMM, which rounds both operands to
+# f16 (gemm.cu): a unit roundoff of 2^-11 on every weight and activation, where transformers computes in float32.
+# Measured on the H200 (session 9): up to 1.46e-3 of the largest logit on the Gemma 3 references (four norms a
+# layer around the products), under 1e-3 on the other families; 3e-3 leaves room for seeds and shapes not tried.
+CUDA_REFERENCE_TOLERANCE = 3e-3
+
+
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_cuda_matches_transformers_on_converted_models(name, converted_model):
     """llama.cpp's conversions of transformers models of each family and RoPE scaling, prompts up to 900 tokens,
     at the context each reference states (LongRoPE picks its factors by it)."""
     engine = minfer.load(converted_model(name), backend="cuda", ctx_size=REFERENCES[name].context)
-    check_against_reference(engine, name)
+    check_against_reference(engine, name, tolerance=CUDA_REFERENCE_TOLERANCE)
