@@ -8,13 +8,14 @@
 #      provokes_cuda_error (they make CUDA calls fail on purpose, and memcheck counts every failed call)
 #   5. a microbenchmark of the kernels at Qwen2.5-0.5B decode shapes (packages/minfer-kernels/bench)
 #   6. the runtime: its CUDA tests (pytest -m cuda), `minfer run --backend cuda` under memcheck, a bench table
+#   7. the tutorial's toys and try-it commands (docs/tutorial/toys/run-on-gpu.sh), each toy checking its output
 #
 # Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
 # MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
 # MINFER_GPU_CHECK_ONLY (a comma-separated subset of the steps after the build, for a quick iteration:
 # kernels, memcheck, microbench, runtime, run-memcheck, bench, bench-eager, depth, op-timing, llama-bench,
-# profile;
+# profile, toys;
 # default: every step), MINFER_BENCH_TYPES (weight types of the benchmark models, default Q4_0 Q8_0),
 # LLAMA_BENCH (a llama-bench binary: the llama-bench step runs it on the same models, for a same-call
 # comparison; the step is skipped without it).
@@ -169,7 +170,7 @@ if run_step "install minfer-runtime" runtime-install.log \
                 "$LLAMA_BENCH" -m "$model" -p 512 -n 128 -fa 1 -ngl 99 -r "${MINFER_BENCH_REPS:-5}"
         fi
     done
-    # Decode deep in the context: ANCHORS.md's llama.cpp number is tg128 at depth 2048.
+    # Decode deep in the context: llama.cpp's reference decode number (docs/PERFORMANCE.md) is tg128 at depth 2048.
     wanted depth && run_step "bench Q4_0 at depth 2048, graph replay" bench-Q4_0-depth.log \
         "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda -p 512 -n 128 -d 2048 \
         --ctx-size 4096 -r "${MINFER_BENCH_REPS:-5}"
@@ -192,6 +193,10 @@ if run_step "install minfer-runtime" runtime-install.log \
     wanted op-timing && run_step "op timing, Q4_0 decode" op-timing.log \
         env MINFER_OP_TIMING=1 "$PYTHON" -m minfer.cli bench "$BENCH_DIR/qwen2.5-0.5b-Q4_0.gguf" --backend cuda \
         -p 16 -n 32 -r 1
+    # 7. Every experiment of docs/tutorial/02-minimal-cuda.md (its sections are the chapter's pasted outputs;
+    # the toys and their model go to the bench folder, not to the logs).
+    wanted toys && run_step "tutorial toys" toys.log env PYTHON="$PYTHON" TOY_BUILD="$BENCH_DIR/toys" \
+        docs/tutorial/toys/run-on-gpu.sh
 fi
 
 print_summary

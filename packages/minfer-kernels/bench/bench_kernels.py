@@ -66,19 +66,22 @@ def prefill_cases(
             product(kernel, mk.GGMLType.Q4_0, HIDDEN, FFN, n_tokens)
             product(kernel, mk.GGMLType.Q4_0, FFN, HIDDEN, n_tokens)
 
-    for n_tokens in (512, 2048):
-        kv_dim = KV_HEADS * HEAD_DIM
+    # A prompt from position 0, and one behind a cache of `depth` rows (llama-bench's pp512 at depth 2048).
+    for n_tokens, depth in ((512, 0), (2048, 0), (512, 2048)):
+        kv_dim, n_ctx = KV_HEADS * HEAD_DIM, depth + n_tokens
         q, out = floats(n_tokens * HEADS * HEAD_DIM), floats(n_tokens * HEADS * HEAD_DIM)
-        k_cache, v_cache = floats(n_tokens * kv_dim), floats(n_tokens * kv_dim)
-        positions = mk.upload(np.arange(n_tokens, dtype=np.int32), h)
+        k_cache, v_cache = floats(n_ctx * kv_dim), floats(n_ctx * kv_dim)
+        positions = mk.upload(depth + np.arange(n_tokens, dtype=np.int32), h)
         keep.append(positions)
-        visible_rows = n_tokens * (n_tokens + 1) // 2
+        visible_rows = n_ctx * (n_ctx + 1) // 2 - depth * (depth + 1) // 2
         cases.append(
             (
-                f"attention prefill {n_tokens} tokens",
+                f"attention prefill {n_tokens} tokens" + (f" at depth {depth}" if depth else ""),
                 4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
-                lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens: kernels.attention_prefill_f32(
-                    q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, n, HEAD_DIM**-0.5, 0, h
+                lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens, c=n_ctx: (
+                    kernels.attention_prefill_f32(
+                        q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, c, HEAD_DIM**-0.5, 0, h
+                    )
                 ),
             )
         )

@@ -215,7 +215,10 @@ endfunction()
 # Step 3. Sets MINFER_ARCHS_PROBED (what nvcc accepts), MINFER_ARCHS_SASS (native code embedded),
 # MINFER_ARCHS_PTX (the lowest and the highest, for the driver to JIT) and MINFER_ARCH_REQUEST.
 function(minfer_probe_archs)
-  # Volta (sm_70) is the floor: the prefill GEMM of a later issue uses WMMA, which needs it.
+  # Volta (sm_70) is the floor by choice, not by need: no older GPU is probed, so none is claimed. What the
+  # kernels need outside their __CUDA_ARCH__-guarded paths is sm_53's half2 arithmetic (__hfma2 in gemm.cu's
+  # f16 decode); ldmatrix and mma.sync are used from sm_75 (gemm.cu, a scalar path below), griddepcontrol,
+  # cp.async.bulk and redux.sync from sm_90 (common.cuh, gemv_int8.cu). CUDA 13 accepts sm_75 and up.
   set(candidates 70 72 75 80 86 87 88 89 90 100 101 103 110 120 121)
   set(probe_dir "${CMAKE_BINARY_DIR}/minfer_probe")
   # execute_process runs its COMMANDs as one pipeline, that is concurrently: one probe compile per

@@ -245,12 +245,22 @@ void bind_kernels(nb::module_& k) {
     MINFER_LAUNCHER(k, "rms_norm_f32", launch_rms_norm_f32,
                     "out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight over [rows][d]; out may alias x.", "x"_a,
                     "weight"_a, "out"_a, "rows"_a, "d"_a, "eps"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "rms_norm_add_f32", launch_rms_norm_add_f32,
+                    "y[r] += x[r] / sqrt(mean(x[r]^2) + eps) * weight over [rows][d]; x must not alias y.", "x"_a,
+                    "weight"_a, "y"_a, "rows"_a, "d"_a, "eps"_a, "stream"_a);
     MINFER_LAUNCHER(k, "rope_f32", launch_rope_f32,
                     "Rotate x [n_tokens][n_heads*head_dim] in place: pair p by positions[t] * inv_freq[p] "
                     "(device int32 [n_tokens], device float64 [n_rot/2]), cos and sin times mscale; mode 0 = "
                     "normal (adjacent pairs), 2 = NeoX (halves); n_rot <= head_dim, even.",
                     "x"_a, "positions"_a, "n_tokens"_a, "n_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a,
                     "mscale"_a, "mode"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "head_norm_rope_f32", launch_head_norm_rope_f32,
+                    "One token: every head of q [n_heads*head_dim] and of row positions[0] of k_cache "
+                    "[n_ctx][n_kv_heads*head_dim] RMS-normed over its head_dim values (q_norm, k_norm: head_dim "
+                    "weights), then rotated as rope_f32 rotates, in place; head_dim <= 256; a position outside "
+                    "0..n_ctx-1 traps.",
+                    "q"_a, "k_cache"_a, "q_norm"_a, "k_norm"_a, "positions"_a, "n_heads"_a, "n_kv_heads"_a,
+                    "head_dim"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a, "eps"_a, "n_ctx"_a, "stream"_a);
     MINFER_LAUNCHER(k, "embed_rows", launch_embed_rows,
                     "out[t] = dequantized table[ids[t]] for a GGUF table of n_rows rows of d values (GGML type "
                     "`type`); ids: device int32 [n_tokens]; an id outside the table traps.",
@@ -289,11 +299,15 @@ void bind_kernels(nb::module_& k) {
                     "each, one GGML type), h = x or RMSNorm(x) * norm_weight (norm_weight None: none).",
                     "gate"_a, "up"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "out"_a, "in_features"_a, "d_ff"_a,
                     "stream"_a);
+    MINFER_LAUNCHER(k, "gemv_geglu", launch_gemv_geglu,
+                    "One token: out[i] = gelu_tanh((G h)[i]) * (U h)[i] (gelu_f32's GELU), otherwise as gemv_swiglu.",
+                    "gate"_a, "up"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "out"_a, "in_features"_a, "d_ff"_a,
+                    "stream"_a);
     MINFER_LAUNCHER(k, "gemv_qkv_rope_store", launch_gemv_qkv_rope_store,
                     "One token: q = Wq h + bq, k = Wk h + bk, v = Wv h + bv (each weight its own GGML type; a bias "
-                    "None: none); RoPE (inv_freq, mscale and mode as rope_f32) on the q and k heads at positions[0]; q to `q`, k and v to "
-                    "row positions[0] of the caches ([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 "
-                    "traps. h = x or RMSNorm(x) * norm_weight (norm_weight None: none).",
+                    "None: none); RoPE (inv_freq, mscale and mode as rope_f32; n_rot 0: none, inv_freq may then be "
+                    "None) on the q and k heads at positions[0]; q to `q`, k and v to row positions[0] of the caches "
+                    "([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 traps. h = x or RMSNorm(x) * norm_weight (norm_weight None: none).",
                     "wq"_a, "q_type"_a, "wk"_a, "k_type"_a, "wv"_a, "v_type"_a, "x"_a, "norm_weight"_a, "eps"_a,
                     "bq"_a, "bk"_a, "bv"_a, "q"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "in_features"_a,
                     "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a,
@@ -320,6 +334,10 @@ void bind_kernels(nb::module_& k) {
                     "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",
                     "x"_a, "out"_a, "workspace"_a, "rows"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "toy_busy", launch_toy_busy,
+                    "For the tutorial only (toys.cu): `blocks` blocks of one warp spin `cycles` GPU clocks; "
+                    "out[b] = the clocks block b spun.",
+                    "out"_a, "cycles"_a, "blocks"_a, "stream"_a);
 }
 
 // The Python class minfer_kernels.CudaError, held for the life of the process: never released, since

@@ -167,6 +167,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     x = x.astype(np.float64)
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(np.float64)
@@ -198,20 +203,33 @@ def rope(x, positions, n_heads, head_dim, n_rot, inv_freq, mscale, mode):
     return out.reshape(x.shape), scale.reshape(x.shape)
 
 
-def attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, scale=None, window=0):
+def attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, scale=None, window=0, f16_operands=False):
     """Causal GQA attention over the cache: query t sees rows 0..positions[t] (the last `window` of them when
-    it is not 0), scores scale * q.k (scale: 1/sqrt(head_dim) by default); float64 softmax."""
+    it is not 0), scores scale * q.k (scale: 1/sqrt(head_dim) by default); float64 softmax.
+
+    With f16_operands, over the values the tensor-core prefill multiplies (attention.cu:
+    attention_prefill_tensor_cores): q times float32(scale * log2(e)), K and V, each rounded to f16 once, the
+    scores then in log2 units."""
     n_tokens = q.shape[0]
     group = n_heads // n_kv_heads
     scale = 1 / np.sqrt(head_dim) if scale is None else scale
     out = np.empty((n_tokens, n_heads, head_dim))
-    qh = q.reshape(n_tokens, n_heads, head_dim).astype(np.float64)
+    qh = q.reshape(n_tokens, n_heads, head_dim)
+    if f16_operands:
+        score_scale = np.float32(np.float32(1.4426950408889634) * np.float32(scale))  # the kernel's float32 product
+        qh = (qh.astype(np.float32) * score_scale).astype(np.float16)
+        k_cache, v_cache = k_cache.astype(np.float16), v_cache.astype(np.float16)
+    qh = qh.astype(np.float64)
     for t, position in enumerate(positions):
         first = max(0, position - window + 1) if window else 0
         keys = k_cache[first : position + 1].reshape(-1, n_kv_heads, head_dim).astype(np.float64)
         values = v_cache[first : position + 1].reshape(-1, n_kv_heads, head_dim).astype(np.float64)
         for h in range(n_heads):
-            scores = keys[:, h // group, :] @ qh[t, h] * scale
-            weights = np.exp(scores - scores.max())
+            if f16_operands:
+                scores = keys[:, h // group, :] @ qh[t, h]
+                weights = np.exp2(scores - scores.max())
+            else:
+                scores = keys[:, h // group, :] @ qh[t, h] * scale
+                weights = np.exp(scores - scores.max())
             out[t, h] = weights @ values[:, h // group, :] / weights.sum()
     return out.reshape(n_tokens, n_heads * head_dim)

@@ -1,8 +1,15 @@
 """The KV store and attention (decode and prefill) against a float64 reference.
 
 Cache rows that no query may see are poisoned with NaN: a kernel that reads past its causal limit, or
-before the start of its sliding window, produces NaN and fails. Error bound: |out - ref| <= 2e-5 * max |V|
-(the output is a convex combination of V rows; float32 scores, expf and sums).
+before the start of its sliding window, produces NaN and fails. Error bounds, as multiples of max |V| (the
+output is a convex combination of V rows):
+- the float32 kernels: 2e-5 (float32 scores, expf and sums);
+- prefill on the tensor cores (on_tensor_cores): against the reference over the f16 values the kernel
+  multiplies (q * scale * log2(e), K and V, each rounded to f16 once), so the scores' rounding, which the
+  exponential would amplify, is modelled instead of tolerated. What is left is P: each weight w <= 1 is
+  rounded to f16 for P V, off by at most 2^-11 w (2^-25 below f16's normal range), over a float32
+  denominator >= 1 of the unrounded weights: at most 2^-11 + n 2^-25 for n visible rows, so 2^-11 + 2^-13
+  for the at most 4096 rows a query here sees; plus the float32 bound.
 """
 
 from __future__ import annotations
@@ -17,16 +24,24 @@ from minfer_kernels import kernels
 pytestmark = requires_gpu
 
 RTOL = 2e-5
+RTOL_TENSOR_CORES = 2.0**-11 + 2.0**-13 + RTOL
 N_CTX = 4100
 
 HEADS = [
     # n_heads, n_kv_heads, head_dim
     (14, 2, 64),  # Qwen2.5-0.5B
     (9, 3, 64),  # SmolLM2-135M
+    (16, 8, 128),  # Qwen3-0.6B
     (8, 8, 128),  # no grouping
     (4, 1, 256),  # multi-query, the largest head
     (2, 2, 32),  # the smallest head
 ]
+
+
+def on_tensor_cores(head_dim):
+    """Whether launch_attention_prefill_f32 runs this head size on the tensor cores: its one choice, restated
+    so that each path is held to its own bound (the wrong guess fails either way)."""
+    return head_dim in (64, 128) and mk.devices()[0].compute_capability >= (8, 0)
 
 
 def random_cache(rng, n_kv_heads, head_dim, visible_rows):
@@ -140,52 +155,55 @@ PREFILL_POSITIONS = {
 }
 
 
+def check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window=0):
+    """Prefill random queries at `positions` and compare with the reference of the kernel that runs."""
+    n_tokens = len(positions)
+    q = randn(rng, n_tokens, n_heads * head_dim, scale=2.0)
+    out = poisoned(q.shape, np.float32, stream)
+    kernels.attention_prefill_f32(
+        dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(positions), n_tokens,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), window, stream.handle,
+    )  # fmt: skip
+    got = from_device(out, q.shape, np.float32, stream)
+    f16 = on_tensor_cores(head_dim)
+    expected = attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, window=window, f16_operands=f16)
+    first_seen = max(0, int(positions.min()) - window + 1) if window else 0
+    visible = v_cache[first_seen : positions.max() + 1]
+    what = f"prefill attention on the {'tensor' if f16 else 'CUDA'} cores"
+    assert_close(got, expected, RTOL_TENSOR_CORES if f16 else RTOL, scale=np.abs(visible).max(), what=what)
+
+
 @pytest.mark.parametrize("positions_of", PREFILL_POSITIONS.values(), ids=PREFILL_POSITIONS.keys())
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
 def test_prefill_attention_is_causal_by_position(rng, stream, dev, n_heads, n_kv_heads, head_dim, positions_of):
     positions = positions_of(rng).astype(np.int32)
-    n_tokens = len(positions)
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, int(positions.max()) + 1)
-    q = randn(rng, n_tokens, n_heads * head_dim, scale=2.0)
-    out = poisoned(q.shape, np.float32, stream)
-    kernels.attention_prefill_f32(
-        dev(q),
-        dev(k_cache),
-        dev(v_cache),
-        out.ptr,
-        dev(positions),
-        n_tokens,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        N_CTX,
-        1 / np.sqrt(head_dim),
-        0,
-        stream.handle,
-    )
-    got = from_device(out, q.shape, np.float32, stream)
-    expected = attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim)
-    visible = v_cache[: positions.max() + 1]
-    assert_close(got, expected, RTOL, scale=np.abs(visible).max(), what="prefill attention")
+    check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
 
 
 @pytest.mark.parametrize(
     ("n_heads", "n_kv_heads", "head_dim"),
-    [(14, 2, 64), (6, 2, 96), (5, 1, 160), (4, 1, 256)],  # Qwen2.5-0.5B, and head sizes that are not powers of 2
+    [(14, 2, 64), (16, 8, 128), (6, 2, 96), (5, 1, 160), (4, 1, 256)],  # and head sizes that are not powers of 2
 )
 def test_prefill_attention_over_a_long_prompt(rng, stream, dev, n_heads, n_kv_heads, head_dim):
     """A 600-token prompt after 40 cached rows: many K/V tiles per block, a partial last query tile."""
     positions = (40 + np.arange(600)).astype(np.int32)
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 640)
-    q = randn(rng, 600, n_heads * head_dim, scale=2.0)
-    out = poisoned(q.shape, np.float32, stream)
-    kernels.attention_prefill_f32(
-        dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(positions), 600,
-        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, stream.handle,
-    )  # fmt: skip
-    got = from_device(out, q.shape, np.float32, stream)
-    expected = attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim)
-    assert_close(got, expected, RTOL, scale=np.abs(v_cache[:640]).max(), what="prefill attention")
+    check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
+
+
+@pytest.mark.parametrize("window", [1, 20, 64, 100, 4096])
+@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
+def test_prefill_attention_sees_only_its_window(rng, stream, dev, n_heads, n_kv_heads, head_dim, window):
+    """150 tokens after 300 cached rows, each query seeing its last `window` rows: its own row alone, windows
+    shorter and longer than a block's queries, and one longer than any query's past (every row). The rows
+    before the first query's window are NaN, so a kernel that reads one fails."""
+    positions = (300 + np.arange(150)).astype(np.int32)
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 450)
+    first_seen = max(0, 300 - window + 1)
+    k_cache[:first_seen] = np.nan
+    v_cache[:first_seen] = np.nan
+    check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window)
 
 
 def test_prefill_attention_refuses_misaligned_buffers(stream):
@@ -198,7 +216,9 @@ def test_prefill_attention_refuses_misaligned_buffers(stream):
 
 
 def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
-    n_heads, n_kv_heads, head_dim, kv_len = 14, 2, 64, 500
+    """The float32 decode and prefill kernels compute the same function (a head size the tensor cores do not
+    take: their prefill is held to its own reference above)."""
+    n_heads, n_kv_heads, head_dim, kv_len = 12, 2, 96, 500
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, kv_len)
     q = randn(rng, 1, n_heads * head_dim)
     q_dev, k_dev, v_dev = to_device(q, stream), to_device(k_cache, stream), to_device(v_cache, stream)

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_testing import SIZES, assert_close, from_device, poisoned, randn, requires_gpu, silu, to_device
+from kernel_testing import (
+    SIZES,
+    assert_close,
+    from_device,
+    gelu_tanh,
+    poisoned,
+    randn,
+    requires_gpu,
+    silu,
+    to_device,
+)
 
 from minfer_kernels import kernels
 
@@ -85,11 +95,6 @@ def test_add_bias_to_every_row(rng, stream, dev, rows, d):
     buffer = to_device(y, stream)
     kernels.add_bias_f32(buffer.ptr, dev(bias), rows, d, stream.handle)
     assert_close(from_device(buffer, (rows, d), np.float32, stream), y.astype(np.float64) + bias, ONE_ROUNDING)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -5,7 +5,8 @@ encode, kernel_testing.random_blocks); the reference multiplies gguf.quants.dequ
 float64. Error bounds, as in test_kernels_embed_matmul.py: every decoded weight is exact in float32, so
 |y - y_ref| <= rtol * sum_i |W[o,i] h[i]| (the condition of the float32 dot product), with MATMUL_RTOL per
 type; with the RMSNorm prologue h itself carries ~1e-6 of relative error, so the bound is 2e-5 there. The
-epilogues are checked on their own terms: SwiGLU against silu(g) * u of the float64 products, RoPE against
+epilogues are checked on their own terms: SwiGLU and GeGLU against silu(g) * u and gelu(g) * u of the float64
+products, RoPE against
 the float64 rotation (1e-5 of |a| + |b| of the pair, bias included), the KV cache rows at positions[0]
 written and every other row left bit for bit as it was.
 """
@@ -19,6 +20,7 @@ from kernel_testing import (
     SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
+    gelu_tanh,
     poisoned,
     quantize,
     randn,
@@ -121,25 +123,29 @@ def test_gemv_by_name_with_none_for_the_absent_pointers(rng, stream, dev):
         kernels.gemv(**args, norm_weights=None, residual=None, stream=stream.handle)
 
 
+# The gate/up kernels, each with its activation's float64 reference and the largest slope of that activation
+# (silu' < 1.1, the tanh GELU's' < 1.13).
+GATED = [(kernels.gemv_swiglu, silu, 1.1), (kernels.gemv_geglu, gelu_tanh, 1.13)]
+
+
 @pytest.mark.parametrize("d_ff", [1, 33, 4864])
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
-def test_gemv_swiglu(rng, stream, dev, ggml_type, d_ff):
+@pytest.mark.parametrize(("launcher", "activation", "slope"), GATED, ids=["swiglu", "geglu"])
+def test_gemv_gated(rng, stream, dev, launcher, activation, slope, ggml_type, d_ff):
     d = width(ggml_type)
     (gate_raw, gate_values), (up_raw, up_values) = (
         random_weights(rng, d_ff, d, ggml_type, scale=0.05) for _ in range(2)
     )
     x, norm_weight = randn(rng, d), randn(rng, d)
     out = poisoned(d_ff, np.float32, stream)
-    kernels.gemv_swiglu(
-        dev(gate_raw), dev(up_raw), ggml_type, dev(x), dev(norm_weight), EPS, out.ptr, d, d_ff, stream.handle
-    )
+    launcher(dev(gate_raw), dev(up_raw), ggml_type, dev(x), dev(norm_weight), EPS, out.ptr, d, d_ff, stream.handle)
     h = rms_norm(x, norm_weight, EPS)
     (gate, gate_condition), (up, up_condition) = references(gate_values, h), references(up_values, h)
-    expected = silu(gate) * up
-    # |d(silu(g) u)| <= 1.1 |u| |dg| + |silu(g)| |du|, each product within NORM_RTOL of its condition
-    scale = 1.1 * np.abs(up) * gate_condition + np.abs(silu(gate)) * up_condition + np.abs(expected)
+    expected = activation(gate) * up
+    # |d(act(g) u)| <= slope |u| |dg| + |act(g)| |du|, each product within NORM_RTOL of its condition
+    scale = slope * np.abs(up) * gate_condition + np.abs(activation(gate)) * up_condition + np.abs(expected)
     got = from_device(out, d_ff, np.float32, stream)
-    assert_close(got, expected, NORM_RTOL, scale=scale, what=f"swiglu {ggml_type.name}")
+    assert_close(got, expected, NORM_RTOL, scale=scale, what=f"{launcher.__name__} {ggml_type.name}")
 
 
 requires_sm90 = pytest.mark.skipif(
@@ -232,6 +238,8 @@ QKV_CASES = [
     (8, 2, 64, 64, 5e5, kernels.ROPE_NORMAL, False, True),  # Llama 3.2 with its rope_freqs factors
     (4, 4, 128, 96, 1e4, kernels.ROPE_NORMAL, True, False),  # partial rotary
     (3, 1, 80, 32, 1e4, kernels.ROPE_NEOX, False, True),  # partial NeoX
+    (16, 8, 128, 0, 1e6, kernels.ROPE_NEOX, False, False),  # Qwen3-0.6B: no rotation (head_norm_rope_f32's)
+    (4, 1, 256, 0, 1e6, kernels.ROPE_NEOX, False, False),  # Gemma 3 270M: the same
 ]
 
 
@@ -274,9 +282,10 @@ def test_gemv_qkv_rope_store(
     weight_args = [arg for (raw, _), t in zip(parts, types, strict=True) for arg in (dev(raw), t)]
     bias_args = [dev(b) if bias else 0 for b in biases]
     inv_freq, mscale = rope_inv_freq(freq_base, n_rot, rng if scaled else None), 1.2 if scaled else 1.0
+    inv_freq_ptr = dev(inv_freq) if n_rot else None  # n_rot 0: no table
     kernels.gemv_qkv_rope_store(
         *weight_args, dev(x), dev(norm_weight), EPS, *bias_args, q.ptr, k_cache.ptr, v_cache.ptr,
-        dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, dev(inv_freq), mscale, mode,
+        dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, inv_freq_ptr, mscale, mode,
         n_ctx, stream.handle,
     )  # fmt: skip
 
@@ -318,3 +327,8 @@ def test_gemv_refuses_what_it_cannot_read(stream):
     with pytest.raises(ValueError, match=r"launch_gemv_qkv_rope_store refused .*n_rot"):
         heads = (2, 1, 64, 66)  # n_rot 66 > head_dim 64
         kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, p, 1.0, 0, 8, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_qkv_rope_store refused .*inv_freq"):
+        heads = (2, 1, 64, 64)  # a rotation without its table
+        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, None, 1.0, 0, 8, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_geglu refused .*d_ff"):
+        kernels.gemv_geglu(p, p, q8, p, 0, EPS, p, 32, 0, h)

@@ -41,10 +41,11 @@ SPECS = {
         rope_original_context=64,
         rope_freq_factors=tuple(float(f) for f in np.geomspace(1.0, 8.0, 32)),
     ),
-    # The families whose graphs have no fused decode kernel of their own yet: per-head q/k norms (qwen3,
-    # gemma3), Gemma's scaled embeddings, sandwich norms, GELU, a 16-row window on 5 layers of 6 (the 64-token
-    # prompts cross it) with its local RoPE, soft-capped logits; Phi's fused q|k|v and gate|up, partial
-    # rotary dims, a window on every layer, LongRoPE past its original context (ctx_size 512 > 256).
+    # The families beyond llama's layer: per-head q/k norms (qwen3, gemma3: the QKV kernel without rotation,
+    # then head_norm_rope_f32), Gemma's scaled embeddings, sandwich norms, GELU (gemv_geglu in decode), a
+    # 16-row window on 5 layers of 6 (the 64-token prompts cross it) with its local RoPE, soft-capped logits;
+    # Phi's fused q|k|v and gate|up, partial rotary dims, a window on every layer, LongRoPE past its original
+    # context (ctx_size 512 > 256).
     # Their vocabularies are cut to 32768 rows, still past the 16384 from which the output head takes its own
     # kernel path: with 151936 and 262144 rows the CPU side's head made a test take minutes (17 s against 1 s
     # per prompt on 2 cores); "qwen2" keeps a whole 151936-row head.
@@ -204,7 +205,7 @@ def test_op_timing_table_lists_every_op(synthetic_model, monkeypatch):
     list(engine.generate("timing", max_tokens=4, sampling=GREEDY))
     report = engine.backend.op_timing_report()
     assert report is not None
-    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu", "add_bias", "gemv_qkv_rope_store"):
+    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu_f32", "add_bias", "gemv_qkv_rope_store"):
         assert f"| {op} |" in report
     assert engine.program(1).compiled.cuda_graph is None  # timed runs are never captured
 
@@ -268,9 +269,16 @@ def test_inplace_input_with_other_readers_is_staged_on_the_device():
     np.testing.assert_allclose(program.read("z"), rows + (rows + weights["bias"]), rtol=1e-6)
 
 
+# From GEMM_MIN_TOKENS tokens on, a prompt's products run the tensor-core GEMM, which rounds both operands to
+# f16 (gemm.cu): a unit roundoff of 2^-11 on every weight and activation, where transformers computes in float32.
+# Measured on the H200 (session 9): up to 1.46e-3 of the largest logit on the Gemma 3 references (four norms a
+# layer around the products), under 1e-3 on the other families; 3e-3 leaves room for seeds and shapes not tried.
+CUDA_REFERENCE_TOLERANCE = 3e-3
+
+
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_cuda_matches_transformers_on_converted_models(name, converted_model):
     """llama.cpp's conversions of transformers models of each family and RoPE scaling, prompts up to 900 tokens,
     at the context each reference states (LongRoPE picks its factors by it)."""
     engine = minfer.load(converted_model(name), backend="cuda", ctx_size=REFERENCES[name].context)
-    check_against_reference(engine, name)
+    check_against_reference(engine, name, tolerance=CUDA_REFERENCE_TOLERANCE)

@@ -52,5 +52,9 @@ def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
             assert sorted(launch.args) == sorted(parameters(launch.kernel)), f"{node.name}: {launch.kernel.__name__}"
     fused = {op.value for op in FusedOp} & {node.op.value for node in graph.nodes}
     assert fused, "the lowering fused nothing"
-    # Where a per-head norm sits between the projections and RoPE, the fused Q/K/V kernel cannot run them.
-    assert ("gemv_qkv_rope_store" in kernels) == (n_tokens == 1 and not config.qk_norm and not config.fused_qkv)
+    # One token: separate q, k and v products go through the fused QKV kernel; where each head of q and k is
+    # normed before RoPE, head_norm_rope_f32 norms and rotates them after it; Gemma's GELU gate is gemv_geglu.
+    decode = n_tokens == 1
+    assert ("gemv_qkv_rope_store" in kernels) == (decode and not config.fused_qkv)
+    assert ("head_norm_rope_f32" in kernels) == (decode and config.qk_norm)
+    assert ("gemv_geglu" in kernels) == (decode and config.activation == "gelu")

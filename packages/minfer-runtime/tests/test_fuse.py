@@ -60,7 +60,7 @@ def test_a_prompt_runs_q_k_v_and_gate_up_as_gemm_groups_and_swiglu_as_one_kernel
     assert len(groups) == 2 * config.n_layers
     assert [t.name for t in groups[0].outputs] == ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v"]
     ops = [node.op for node in graph.nodes]
-    assert ops.count(FusedOp.SWIGLU) == config.n_layers
+    assert ops.count(FusedOp.SWIGLU_F32) == config.n_layers
     assert not {Op.SILU, Op.MUL, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
     # A weight of another type ends a run (the Q4_K_M mix's attn_v).
     mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("attn_v.weight") else 8)
@@ -79,24 +79,86 @@ def test_gate_and_up_of_different_types_stay_separate_matmuls():
     ops = [node.op for node in graph.nodes]
     assert ops.count(FusedOp.GEMV_SWIGLU) == 1  # layer 0 only
     layer_1 = [node.op for node in graph.nodes if node.name.startswith("blk.1.ffn")]
-    assert layer_1 == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, FusedOp.SWIGLU, FusedOp.GEMV]
+    assert layer_1 == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, FusedOp.SWIGLU_F32, FusedOp.GEMV]
 
 
-def test_a_per_head_norm_before_rope_leaves_the_projections_unfused():
-    """A Qwen3-style layer (a norm between the q projection and its rope) matches no QKV rule: it runs
-    unfused, and the rules that do match still apply."""
-    graph = build_graph(PRESETS["tiny-llama"].config(), 1, 64)
-    nodes = []
-    for node in graph.nodes:
-        if node.op is Op.ROPE and node.name.endswith("rope_q"):
-            q = node.inputs[0]
-            normed = Tensor(f"{q.name}_norm", q.shape, "float32", TensorKind.ACTIVATION)
-            nodes.append(Node(normed.name, Op.RMS_NORM, [q, graph.weights()[0]], normed, {"eps": 1e-6}))
-            node = dataclasses.replace(node, inputs=[normed, *node.inputs[1:]])
-        nodes.append(node)
-    ops = [node.op for node in fuse(dataclasses.replace(graph, nodes=nodes), one_type).nodes]
-    assert FusedOp.GEMV_QKV_ROPE_STORE not in ops
-    assert ops.count(FusedOp.GEMV_SWIGLU) == PRESETS["tiny-llama"].config().n_layers
+# A decode layer of the families that norm each head of q and k before RoPE: the QKV kernel rotating nothing,
+# then head_norm_rope_f32; Gemma 3's sandwich norms keep its output products and residual adds apart.
+QK_NORM_LAYERS = {
+    "tiny-qwen3": [FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, *FUSED_LAYER[1:]],
+    "tiny-gemma3": [
+        FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, Op.ATTENTION, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
+        FusedOp.GEMV_GEGLU, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", sorted(QK_NORM_LAYERS))
+def test_a_qk_norm_decode_layer_is_the_qkv_kernel_then_the_head_norm_kernel(preset):
+    config = PRESETS[preset].config()
+    graph = lowered(preset, 1)
+    layers = [[node.op for node in graph.nodes if node.name.startswith(f"blk.{i}.")] for i in range(config.n_layers)]
+    assert layers == [QK_NORM_LAYERS[preset]] * config.n_layers
+    first = next(i for i, node in enumerate(graph.nodes) if node.name.startswith("blk.0."))
+    qkv, head_norm = graph.nodes[first : first + 2]
+    assert qkv.name == "blk.0.attn_norm+attn_q+attn_k+attn_v+kv_store"
+    assert qkv.params["args"] == ("x", "norm_weight", "wq", "wk", "wv", "positions")  # no inv_freq: no rotation
+    assert qkv.params["rope_dim"] == 0 and qkv.output.name == "blk.0.attn_q"
+    assert [t.name for t in qkv.writes] == ["cache_k.0", "cache_v.0"]
+    assert head_norm.name == "blk.0.attn_q_norm+rope_q+attn_k_norm+rope_k"
+    assert head_norm.params["args"] == ("q", "q_norm", "k_norm", "positions", "inv_freq")
+    assert [t.name for t in head_norm.inputs[:3]] == [qkv.output.name, *(f"blk.0.attn_{p}_norm.weight" for p in "qk")]
+    assert head_norm.inplace_input == 0 and head_norm.output.name == "blk.0.rope_q"
+    assert [t.name for t in head_norm.writes] == ["cache_k.0"]  # k normed and rotated in its cache row
+    assert head_norm.params["rope_dim"] == config.rope.n_rot and head_norm.params["eps"] == config.rms_eps
+    # Gemma 3's sliding-window layers turn by their own table, its global layers by the other.
+    tables = {n.inputs[4].name for n in graph.nodes if n.op is FusedOp.HEAD_NORM_ROPE}
+    assert tables == ({"rope.inv_freq", "rope.inv_freq_local"} if preset == "tiny-gemma3" else {"rope.inv_freq"})
+    assert {t.name for t in graph.weights()} == {t.name for t in build_graph(config, 1, 64).weights()}
+
+
+def test_a_post_block_norm_is_added_into_the_residual_in_one_kernel():
+    """Gemma 3's post_attention_norm and post_ffw_norm, one token and a prompt alike: the norm and the add into
+    the residual stream become one rms_norm_add_f32, in place into the residual."""
+    for n_tokens in (1, 16):
+        graph = lowered("tiny-gemma3", n_tokens)
+        fused = [node for node in graph.nodes if node.op is FusedOp.RMS_NORM_ADD_F32]
+        assert [node.name for node in fused[:2]] == ["blk.0.post_attention_norm+attn_residual",
+                                                      "blk.0.post_ffw_norm+ffn_residual"]  # fmt: skip
+        assert len(fused) == 2 * PRESETS["tiny-gemma3"].n_layers
+        norm_add = fused[0]
+        assert norm_add.params["args"] == ("x", "weight", "y") and norm_add.inplace_input == 2
+        assert [t.name for t in norm_add.inputs[:2]] == ["blk.0.attn_output", "blk.0.post_attention_norm.weight"]
+        assert norm_add.output.name == "blk.0.attn_residual"
+
+
+def changed_layer_0(graph: Graph, change: str) -> Graph:
+    """tiny-qwen3's graph with layer 0's q/k norms made into something the QKV rule cannot split off."""
+    nodes = {node.name: node for node in graph.nodes}
+    if change == "k not normed":
+        k, rope_k = nodes.pop("blk.0.attn_k_norm").inputs[0], nodes["blk.0.rope_k"]
+        nodes["blk.0.rope_k"] = dataclasses.replace(rope_k, inputs=[k, *rope_k.inputs[1:]])
+    elif change == "eps of its own":
+        nodes["blk.0.attn_k_norm"] = dataclasses.replace(nodes["blk.0.attn_k_norm"], params={"eps": 1e-3})
+    else:  # a weight as long as q's row
+        q, weight = nodes["blk.0.attn_q_norm"].inputs
+        row_weight = Tensor(f"{weight.name}.row", q.shape[1:], "float32", TensorKind.WEIGHT)
+        nodes["blk.0.attn_q_norm"] = dataclasses.replace(nodes["blk.0.attn_q_norm"], inputs=[q, row_weight])
+    return dataclasses.replace(graph, nodes=list(nodes.values()))
+
+
+@pytest.mark.parametrize("change", ["k not normed", "eps of its own", "q normed as a whole row"])
+def test_q_and_k_norms_the_head_norm_kernel_cannot_run_leave_the_projections_unfused(change):
+    """Norms of q and k that head_norm_rope_f32 does not compute (one of them missing, two epsilons, a weight
+    longer than a head): layer 0 keeps its primitive nodes, the other layers and rules are as ever."""
+    config = PRESETS["tiny-qwen3"].config()
+    graph = fuse(changed_layer_0(build_graph(config, 1, 64), change), one_type)
+    layer_0 = [node.op for node in graph.nodes if node.name.startswith("blk.0.")]
+    assert FusedOp.GEMV_QKV_ROPE_STORE not in layer_0 and FusedOp.HEAD_NORM_ROPE not in layer_0
+    assert layer_0[:4] == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, Op.MATMUL] and Op.KV_STORE in layer_0
+    assert layer_0[-3:] == FUSED_LAYER[2:]
+    layer_1 = [node.op for node in graph.nodes if node.name.startswith("blk.1.")]
+    assert layer_1 == QK_NORM_LAYERS["tiny-qwen3"]
 
 
 class FusedCpuGraph(CpuCompiledGraph):
@@ -114,12 +176,20 @@ class FusedCpuGraph(CpuCompiledGraph):
         else:
             out[...] = product
 
-    def gemv_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+    def gate_up(self, node: Node, ins: list[np.ndarray], out: np.ndarray, activation: Op) -> None:
+        """activation(h Wgate) * (h Wup), the activation the CPU reference's own op."""
         parts = dict(zip(node.params["args"], ins, strict=True))
         h = np.empty_like(parts["x"])
         rms_norm(parts["x"], parts["norm_weight"], node.params["eps"], h)
-        gate = h @ parts["gate"].T
-        out[...] = gate / (1 + np.exp(-gate)) * (h @ parts["up"].T)
+        out[...] = h @ parts["gate"].T
+        OPS[activation](self, node, [out], out)
+        out *= h @ parts["up"].T
+
+    def gemv_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        self.gate_up(node, ins, out, Op.SILU)
+
+    def gemv_geglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        self.gate_up(node, ins, out, Op.GELU)
 
     def gemv_qkv_rope_store(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         parts = dict(zip(node.params["args"], ins, strict=True))
@@ -127,14 +197,32 @@ class FusedCpuGraph(CpuCompiledGraph):
         h = np.empty_like(parts["x"])
         rms_norm(parts["x"], parts["norm_weight"], p["eps"], h)
         q, k, v = (h @ parts[f"w{name}"].T + parts.get(f"b{name}", 0) for name in "qkv")
-        rope = (p["head_dim"], p["rope_dim"], parts["inv_freq"], p["mscale"], p["neox"])
-        rope_inplace(q, parts["positions"], p["n_heads"], *rope)
-        rope_inplace(k, parts["positions"], p["n_kv_heads"], *rope)
+        if p["rope_dim"]:  # 0: head_norm_rope_f32 rotates them
+            rope = (p["head_dim"], p["rope_dim"], parts["inv_freq"], p["mscale"], p["neox"])
+            rope_inplace(q, parts["positions"], p["n_heads"], *rope)
+            rope_inplace(k, parts["positions"], p["n_kv_heads"], *rope)
         self.kv_store(node, [k, v, parts["positions"]], None)
         out[...] = q
 
-    def swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+    def head_norm_rope_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        p, positions = node.params, parts["positions"]
+        cache_k = self.array(node.writes[0])
+        k = cache_k[positions]
+        rope = (p["head_dim"], p["rope_dim"], parts["inv_freq"], p["mscale"], p["neox"])
+        for x, weight, n_heads in ((out, parts["q_norm"], p["n_heads"]), (k, parts["k_norm"], p["n_kv_heads"])):
+            rms_norm(x, weight, p["eps"], x)  # out holds q: aliased or staged
+            rope_inplace(x, positions, n_heads, *rope)
+        cache_k[positions] = k
+
+    def swiglu_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = out / (1 + np.exp(-out)) * ins[1]  # out holds the gate
+
+    def rms_norm_add_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        x, weight, _ = ins
+        normed = np.empty_like(x)
+        rms_norm(x, weight, node.params["eps"], normed)
+        out += normed  # out holds y: aliased or staged
 
     def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         x, *weights = ins
@@ -167,8 +255,9 @@ def fused_ops(monkeypatch):
 
 @pytest.mark.parametrize(
     ("preset", "weight_type", "n_tokens"),
-    [("tiny-llama", "Q8_0", 1), ("tiny-qwen2", "Q4_0", 1), ("tiny-qwen2", "Q4_K_M", 1), ("tiny-llama", "F16", 20)],
-)
+    [("tiny-llama", "Q8_0", 1), ("tiny-qwen2", "Q4_0", 1), ("tiny-qwen2", "Q4_K_M", 1), ("tiny-llama", "F16", 20),
+     ("tiny-qwen3", "Q8_0", 1), ("tiny-qwen3", "Q4_K_M", 1), ("tiny-gemma3", "Q4_0", 1)],
+)  # fmt: skip
 def test_the_lowered_graph_computes_what_the_models_graph_does(synthetic_model, fused_ops, preset, weight_type,
                                                                n_tokens):  # fmt: skip
     spec = scaled(preset, d_model=256, d_ff=512) if weight_type == "Q4_K_M" else preset

@@ -15,9 +15,11 @@
 // merge by the same rescaling, which is what lets decode split a long cache over many blocks
 // (flash-decoding); the last block to finish merges the pieces.
 //
-// Both kernels score a row with 8 lanes, each holding head_dim / 32 float4 chunks of it, so head_dim is a
-// multiple of 32 and at most 256: the 8 lanes read a row's 128-byte lines together, and a score is their
-// partial dot products summed by 3 shuffles.
+// The float32 kernels score a row with 8 lanes, each holding head_dim / 32 float4 chunks of it, so head_dim is
+// a multiple of 32 and at most 256: the 8 lanes read a row's 128-byte lines together, and a score is their
+// partial dot products summed by 3 shuffles. Prefill of head sizes 64 and 128 on sm_80+ runs on the tensor
+// cores instead (attention_prefill_tensor_cores: f16 operands, float32 sums; the choice is made in
+// launch_attention_prefill_f32).
 //
 // Positions (prefill) and the KV length (decode) are read from device buffers: a captured decode graph
 // stays valid while the sequence grows, the host only rewrites those integers. A position or length
@@ -27,6 +29,7 @@
 
 #include "common.cuh"
 #include "launchers.h"
+#include "mma.cuh"
 
 namespace minfer {
 namespace {
@@ -46,6 +49,10 @@ constexpr int PREFILL_LANES_PER_QUERY = 8;  // lanes sharing one query: each hol
 constexpr int PREFILL_QUERIES = PREFILL_THREADS / PREFILL_LANES_PER_QUERY;  // 16 queries per block
 constexpr int PREFILL_TILE_FLOATS = 4096;   // floats of a K (and of a V) tile in shared memory: 16 KB each
 constexpr int PREFILL_CHUNK = 16;           // rows scored between two softmax updates
+constexpr int MMA_PREFILL_WARPS = 4;
+constexpr int MMA_PREFILL_THREADS = MMA_PREFILL_WARPS * WARP_SIZE;
+constexpr int MMA_WARP_QUERIES = 16;  // one warp's queries: the 16 rows of its m16 fragments
+constexpr int MMA_PREFILL_QUERIES = MMA_PREFILL_WARPS * MMA_WARP_QUERIES;  // 64 queries per block
 constexpr float LOG2_E = 1.4426950408889634f;
 
 // K and V rows are written at their positions; rows other tokens wrote earlier stay as they are.
@@ -511,6 +518,242 @@ cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_
     return cudaGetLastError();
 }
 
+// Prefill on the tensor cores, in FlashAttention-2's schedule: a block takes 64 consecutive queries of one
+// head, 16 per warp, and walks the cache rows they see in tiles of 64. The block converts a tile's K and V
+// rows from float32 to f16 into shared memory; then each warp, on its own,
+//   1. computes its 16 x 64 scores S = Q K^T with mma.m16n8k16: Q (16 x head_dim, multiplied by
+//      scale * log2(e) and rounded to f16 once) is the A operand, held in registers for the whole walk; K's
+//      rows are B's columns (as W's rows are in gemm.cu's x W^T), read with ldmatrix;
+//   2. masks each score by its own query's position and window (-inf), and updates each query's running
+//      maximum and denominator in log2 units (the weights are exp2f(s - max)), rescaling its output row;
+//   3. adds P V into its 16 x head_dim float32 output: the weights P, rounded to f16, are taken from S's
+//      accumulators as the A operand (two adjacent 16 x 8 C fragments are one 16 x 16 A fragment, mma.cuh),
+//      and V's rows, the k of this product, are read transposed (ldmatrix.trans) as B's fragments.
+// At the end each query's row is divided by its denominator.
+//
+// Lane l holds two queries of its warp, the rows g = l / 4 and g + 8 of every fragment, and of S and of the
+// output the columns 2t, 2t + 1 of each 8-column block (t = l % 4; mma.cuh). A row's maximum is reduced
+// over its quad (lanes 4g .. 4g + 3) with two shuffles; its denominator is kept per lane (the lane's share
+// of the row) and summed over the quad once, at the end.
+//
+// Rounding, which the kernel tests model: q * scale * log2(e), K and V are rounded to f16 once each
+// (relative error <= 2^-11; a value beyond f16's 65504 becomes infinite and shows in the output), their
+// products are exact and summed in float32; the weights exp2f(s - max) <= 1 are summed in float32 for the
+// denominator and rounded to f16 for P V.
+//
+// The block walks the rows from the first one its earliest query's window shows (0 without a window) to
+// its largest position; rows past that are stored as zeros, not read. A warp skips the products of a tile
+// none of its queries sees (one before all their windows, or a last one past all their positions), but
+// helps load it: the barriers are the block's.
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(MMA_PREFILL_THREADS)
+    attention_prefill_tensor_cores(const float* __restrict__ q, const float* __restrict__ k_cache,
+                                   const float* __restrict__ v_cache, float* __restrict__ out,
+                                   const int* __restrict__ positions, int n_tokens, int n_heads, int group_size,
+                                   int kv_dim, int n_ctx, float score_scale, int window) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int TILE_ROWS = 64;                // cache rows per K/V tile in shared memory
+    constexpr int TILE_PAD = 8;                  // f16 padding per row: keeps ldmatrix free of bank conflicts
+    constexpr int STRIDE = HEAD_DIM + TILE_PAD;  // f16 per shared-memory row: 16-byte aligned rows
+    constexpr int DIM_STEPS = HEAD_DIM / 16;     // k16 steps of Q K^T over the head
+    constexpr int ROW_BLOCKS = TILE_ROWS / 8;    // 8-column blocks of a warp's scores (16 x 64)
+    constexpr int ROW_STEPS = TILE_ROWS / 16;    // k16 steps of P V over the tile's rows
+    constexpr int DIM_BLOCKS = HEAD_DIM / 8;     // 8-column blocks of a warp's output (16 x head_dim)
+    constexpr int ROW_VECTORS = HEAD_DIM / 4;    // float4 of one cache row
+    constexpr int LOAD_VECTORS = TILE_ROWS * ROW_VECTORS / MMA_PREFILL_THREADS;  // of K (and V) per thread
+    static_assert(HEAD_DIM % 16 == 0, "whole k16 steps, and 8-column output blocks in pairs");
+    static_assert(TILE_ROWS * ROW_VECTORS % MMA_PREFILL_THREADS == 0, "a tile splits evenly over the threads");
+    __shared__ __align__(16) __half k_tile[TILE_ROWS * STRIDE];
+    __shared__ __align__(16) __half v_tile[TILE_ROWS * STRIDE];
+    __shared__ int block_end, block_first_row;
+
+    const int head = blockIdx.x;
+    const int query_tile = gridDim.y - 1 - blockIdx.y;  // the last queries, which see the most rows, start first
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int group = lane / 4;       // this lane's rows of every fragment: group and group + 8
+    const int pair = 2 * (lane % 4);  // its columns of every 8-column block: pair and pair + 1
+    const int warp_token = query_tile * MMA_PREFILL_QUERIES + warp * MMA_WARP_QUERIES;
+
+    // Half h of the lane's fragments (h = 0: row group, h = 1: row group + 8) is query warp_token + group + 8 h.
+    int position[2], first_visible[2];
+    bool active[2];
+    std::size_t row_offset[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int token = warp_token + group + 8 * h;
+        active[h] = token < n_tokens;  // the last tile's extra queries go along, see nothing, write nothing
+        position[h] = active[h] ? positions[token] : -1;
+        if (active[h] && (position[h] < 0 || position[h] >= n_ctx)) __trap();
+        first_visible[h] = !active[h] ? n_ctx : (window > 0 ? max(0, position[h] - window + 1) : 0);
+        row_offset[h] = (std::size_t(active[h] ? token : 0) * n_heads + head) * HEAD_DIM;
+    }
+    if (threadIdx.x == 0) {
+        block_end = 0;
+        block_first_row = n_ctx;
+    }
+    __syncthreads();
+    if (lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            if (active[h]) {
+                atomicMax(&block_end, position[h] + 1);
+                atomicMin(&block_first_row, first_visible[h]);
+            }
+    }
+    // The rows this warp's queries see (none for a warp past n_tokens: end 0).
+    const int warp_end = __reduce_max_sync(FULL_WARP, max(position[0], position[1]) + 1);
+    const int warp_first_row = __reduce_min_sync(FULL_WARP, min(first_visible[0], first_visible[1]));
+    __syncthreads();
+    const int rows_end = block_end;
+    const int rows_start = block_first_row;
+
+    // Q as A fragments, one per k16 step: a[0], a[2] of row group, a[1], a[3] of row group + 8; a[2], a[3]
+    // at the step's columns 8 .. 15 (mma.cuh).
+    std::uint32_t q_frags[DIM_STEPS][4];
+#pragma unroll
+    for (int step = 0; step < DIM_STEPS; ++step)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int h = r % 2;
+            const int column = 16 * step + 8 * (r / 2) + pair;
+            const float2 value = active[h] ? *reinterpret_cast<const float2*>(q + row_offset[h] + column)
+                                           : make_float2(0.0f, 0.0f);
+            q_frags[step][r] = half2_to_bits(__floats2half2_rn(value.x * score_scale, value.y * score_scale));
+        }
+
+    float acc[DIM_BLOCKS][4] = {};
+    float running_max[2] = {-INFINITY, -INFINITY};
+    float denominator[2] = {0.0f, 0.0f};  // this lane's share of each row's sum
+    const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
+    for (int first_row = rows_start; first_row < rows_end; first_row += TILE_ROWS) {
+        __syncthreads();  // every warp is done with the previous tile
+        // float4 i of a tile is row i / ROW_VECTORS, values 4 (i % ROW_VECTORS) .. + 3: consecutive threads read
+        // consecutive 16 bytes of a row (coalesced) and store consecutive 8 bytes of f16.
+#pragma unroll
+        for (int n = 0; n < LOAD_VECTORS; ++n) {
+            const int i = threadIdx.x + n * MMA_PREFILL_THREADS;
+            const int row = i / ROW_VECTORS;
+            const int column = 4 * (i % ROW_VECTORS);
+            const bool inside = first_row + row < rows_end;
+            const std::size_t from = std::size_t(first_row + row) * kv_dim + kv_offset + column;
+            const float4 zeros = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 k = inside ? *reinterpret_cast<const float4*>(k_cache + from) : zeros;
+            const float4 v = inside ? *reinterpret_cast<const float4*>(v_cache + from) : zeros;
+            *reinterpret_cast<uint2*>(k_tile + row * STRIDE + column) =
+                make_uint2(half2_to_bits(__floats2half2_rn(k.x, k.y)), half2_to_bits(__floats2half2_rn(k.z, k.w)));
+            *reinterpret_cast<uint2*>(v_tile + row * STRIDE + column) =
+                make_uint2(half2_to_bits(__floats2half2_rn(v.x, v.y)), half2_to_bits(__floats2half2_rn(v.z, v.w)));
+        }
+        __syncthreads();
+        if (first_row >= warp_end || first_row + TILE_ROWS <= warp_first_row) continue;  // the same for the warp
+
+        // S = Q K^T. Each ldmatrix brings the B fragments of two 8-row blocks j, j + 1 of the tile: matrices
+        // (rows of j, dims 0-7 of the step) = b[0] of j, (rows of j, dims 8-15) = b[1] of j, then those of j + 1.
+        float scores[ROW_BLOCKS][4] = {};
+#pragma unroll
+        for (int step = 0; step < DIM_STEPS; ++step)
+#pragma unroll
+            for (int j = 0; j < ROW_BLOCKS; j += 2) {
+                std::uint32_t k_frags[4];
+                const int row = 8 * j + lane % 8 + (lane / 16) * 8;
+                load_matrix_x4(k_frags, k_tile + row * STRIDE + 16 * step + ((lane / 8) % 2) * 8);
+                const std::uint32_t left[2] = {k_frags[0], k_frags[1]};
+                const std::uint32_t right[2] = {k_frags[2], k_frags[3]};
+                mma_16x8x16(scores[j], q_frags[step], left);
+                mma_16x8x16(scores[j + 1], q_frags[step], right);
+            }
+
+        // The mask, then the online softmax: c[0], c[1] of a block are row group's, c[2], c[3] row group + 8's.
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < ROW_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e / 2;
+                const int row = first_row + 8 * j + pair + e % 2;
+                if (row < first_visible[h] || row > position[h]) scores[j][e] = -INFINITY;
+                tile_max[h] = fmaxf(tile_max[h], scores[j][e]);
+            }
+        float base[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP, tile_max[h], 1));
+            tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP, tile_max[h], 2));
+            const float new_max = fmaxf(running_max[h], tile_max[h]);
+            // A query that sees no row yet (before its window, or past n_tokens) subtracts 0 rather than -inf:
+            // its weights are exp2f(-inf) = 0, not NaN.
+            base[h] = new_max == -INFINITY ? 0.0f : new_max;
+            const float rescale = exp2f(running_max[h] - base[h]);  // 0 the first time (running_max = -inf)
+            running_max[h] = new_max;
+            denominator[h] *= rescale;
+#pragma unroll
+            for (int d = 0; d < DIM_BLOCKS; ++d) {
+                acc[d][2 * h] *= rescale;
+                acc[d][2 * h + 1] *= rescale;
+            }
+        }
+
+        // O += P V, k16 step s over the tile's rows 16 s .. 16 s + 15: P's A fragment is score blocks 2 s
+        // (a[0] its row group, a[1] its row group + 8) and 2 s + 1 (a[2], a[3]). Each ldmatrix.trans brings
+        // the B fragments of two 8-dim blocks d, d + 1 of V: matrices (rows 0-7 of the step, dims of d) =
+        // b[0] of d, (rows 8-15, dims of d) = b[1] of d, then those of d + 1.
+#pragma unroll
+        for (int s = 0; s < ROW_STEPS; ++s) {
+            std::uint32_t p[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int h = r % 2;
+                const float* c = scores[2 * s + r / 2];
+                const float w0 = exp2f(c[2 * h] - base[h]);  // 0 for a masked row
+                const float w1 = exp2f(c[2 * h + 1] - base[h]);
+                denominator[h] += w0 + w1;
+                p[r] = half2_to_bits(__floats2half2_rn(w0, w1));
+            }
+#pragma unroll
+            for (int d = 0; d < DIM_BLOCKS; d += 2) {
+                std::uint32_t v_frags[4];
+                const int row = 16 * s + lane % 8 + ((lane / 8) % 2) * 8;
+                load_matrix_x4_transposed(v_frags, v_tile + row * STRIDE + 8 * d + (lane / 16) * 8);
+                const std::uint32_t left[2] = {v_frags[0], v_frags[1]};
+                const std::uint32_t right[2] = {v_frags[2], v_frags[3]};
+                mma_16x8x16(acc[d], p, left);
+                mma_16x8x16(acc[d + 1], p, right);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = denominator[h];
+        sum += __shfl_xor_sync(FULL_WARP, sum, 1);
+        sum += __shfl_xor_sync(FULL_WARP, sum, 2);
+        if (!active[h]) continue;
+        const float inverse = 1.0f / sum;  // >= 1: the row at the query's own position has weight 1 or more
+#pragma unroll
+        for (int d = 0; d < DIM_BLOCKS; ++d)
+            *reinterpret_cast<float2*>(out + row_offset[h] + 8 * d + pair) =
+                make_float2(acc[d][2 * h] * inverse, acc[d][2 * h + 1] * inverse);
+    }
+#else
+    __trap();  // launch_attention_prefill_f32 starts it on sm_80+ only
+#endif
+}
+
+template <int HEAD_DIM>
+cudaError_t launch_prefill_tensor_cores(const float* q, const float* k_cache, const float* v_cache, float* out,
+                                        const int* positions, int n_tokens, int n_heads, int n_kv_heads, int n_ctx,
+                                        float scale, int window, cudaStream_t stream) {
+    const float score_scale = LOG2_E * scale;  // scores in log2 units: exp2f weights
+    // grid.x: the query head; grid.y: ceil(n_tokens / 64) tiles of 64 queries, 16 per warp (n_tokens <= 64 *
+    // 65535), run last tile first. Consecutive blocks are the heads of one query tile, as in launch_prefill.
+    const dim3 grid(n_heads, ceil_div(n_tokens, MMA_PREFILL_QUERIES));
+    attention_prefill_tensor_cores<HEAD_DIM><<<grid, MMA_PREFILL_THREADS, 0, stream>>>(
+        q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_heads / n_kv_heads, n_kv_heads * HEAD_DIM, n_ctx,
+        score_scale, window);
+    return cudaGetLastError();
+}
+
 // The preconditions both attention launchers share.
 cudaError_t check_attention(int n_heads, int n_kv_heads, int head_dim, float scale, int window) {
     if (head_dim % WARP_SIZE != 0 || head_dim <= 0 || head_dim > MAX_HEAD_DIM)
@@ -589,6 +832,18 @@ extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float*
     if (n_tokens <= 0) return minfer_refuse("n_tokens must be positive");
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16))
         return minfer_refuse("q, k_cache, v_cache and out must be 16-byte aligned (float4 loads)");
+    // The tensor cores on sm_80+, where mma.m16n8k16 is one instruction, for the head sizes of the models whose
+    // long prompts are measured: 64 (Qwen2.5, Llama 3.2 1B, SmolLM2) and 128 (Qwen3). The float32 kernel keeps
+    // the rest: at 256 (Gemma 3) a lane would hold 128 output accumulators and 64 registers of q besides the
+    // scores, past what a thread's registers hold without spilling; 32, 96, 160, 192 and 224 would each be one
+    // more kernel to compile and check against the f16 bound for no model measured. sm_75 would run each
+    // product as two k8 halves and older GPUs have no such instruction: they keep the float32 kernel too.
+    if ((head_dim == 64 || head_dim == 128) && minfer_compute_capability() >= 80) {
+        const auto launch_tensor_cores =
+            head_dim == 64 ? launch_prefill_tensor_cores<64> : launch_prefill_tensor_cores<128>;
+        return launch_tensor_cores(q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_kv_heads, n_ctx, scale,
+                                   window, stream);
+    }
     // One kernel per head size, so each lane's share of a row (head_dim / 8 values) sits in registers.
     decltype(&launch_prefill<32>) launch = nullptr;
     switch (head_dim) {

@@ -58,7 +58,7 @@ __device__ __forceinline__ float gelu_tanh(float v) {
     return 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
 }
 
-// Programmatic dependent launch (Hopper, sm_90+). A decode step is ~150 short kernels in a row, and
+// Programmatic dependent launch (Hopper, sm_90+). A decode step is ~120 short kernels in a row, and
 // between two of them the GPU drains one grid before it starts the next: a few microseconds each, a
 // large part of a step. A kernel launched with launch_overlapped may start while the kernel before it
 // on the stream is still running; it does what does not depend on that kernel (address arithmetic,

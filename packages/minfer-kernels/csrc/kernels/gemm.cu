@@ -24,8 +24,8 @@
 // (copying raw bytes further ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
 //
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
-// multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix. That instruction set
-// exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
+// multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That instruction
+// set exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
 // layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build) take a scalar path through the
 // same shared-memory tiles. Every compiled architecture computes the same function.
 #include <climits>
@@ -33,6 +33,7 @@
 #include "common.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
+#include "mma.cuh"
 
 namespace minfer {
 namespace {
@@ -98,10 +99,6 @@ using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
 // once. The float32 twin of the trick: the float with bits 0x4B000000 | n is 2^23 + n exactly (n < 2^23).
 
 __device__ __forceinline__ __half2 bits_to_half2(std::uint32_t bits) { return *reinterpret_cast<__half2*>(&bits); }
-
-__device__ __forceinline__ std::uint32_t half2_to_bits(__half2 pair) {
-    return *reinterpret_cast<std::uint32_t*>(&pair);
-}
 
 // Bytes 0, 1 (pair 0) or 2, 3 (pair 1) of `word` moved to bits 0-7 and 16-23: the two f16 lanes of a half2.
 __device__ __forceinline__ std::uint32_t spread_byte_pair(std::uint32_t word, int pair) {
@@ -687,39 +684,6 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
 // ---- The tensor-core step: a warp's accumulators += its x rows (A) times its W rows (B) ---------------------
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-
-__device__ __forceinline__ unsigned shared_address(const __half* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-// Four 8 x 8 f16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8 and
-// receives, of each matrix, the two values of row l / 4 at columns 2 (l % 4), 2 (l % 4) + 1.
-__device__ __forceinline__ void load_matrix_x4(std::uint32_t (&out)[4], const __half* row_address) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
-                 : "r"(shared_address(row_address)));
-}
-
-// acc (16 x 8, float32) += a (16 x 16, f16, row-major fragment) * b (16 x 8, f16, column-major fragment).
-__device__ __forceinline__ void mma_16x8x16(float (&acc)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    // sm_75: the same product as two k8 halves; a[0..1] and b[0] hold k 0-7, a[2..3] and b[1] hold k 8-15.
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b[0]));
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[2]), "r"(a[3]), "r"(b[1]));
-#endif
-}
 
 // acc[i][j] is the 16 x 8 fragment at rows warp_row + 16 i, columns warp_column + 8 j of the block tile.
 template <class Tiles>

@@ -1,12 +1,14 @@
 // Matrix-vector products for one token (decode), with the work around them fused in:
 //
 //     y = W norm(x)      norm: RMSNorm with its weight, or nothing
-//     then one epilogue: store y (plus a residual), SwiGLU of a gate/up pair, or bias + RoPE + KV-cache store
+//     then one epilogue: store y (plus a residual), SwiGLU or GeGLU of a gate/up pair, or bias + RoPE +
+//     KV-cache store
 //
 // W is read in its GGUF byte layout (ggml_formats.cuh), as in matmul.cu. At one token every weight is
 // used exactly once, so the kernel's job is to stream W at memory bandwidth; and because a decode step is
-// ~150 such launches, folding the small ops around a GEMV into it (the norm before, the add, activation,
-// rotation and store after) removes whole launches from every layer.
+// a chain of short launches (122 on Qwen2.5-0.5B: `minfer graph --tokens 1 --backend cuda`), folding the
+// small ops around a GEMV into it (the norm before, the add, activation, rotation and store after) removes
+// whole launches from every layer.
 //
 // Work split. The rows of W are cut into groups of ROWS rows (the epilogue says which rows: consecutive
 // ones, a gate row and its up row, the two dimensions of a RoPE pair). A group belongs to one warp, or for
@@ -760,10 +762,15 @@ struct StoreRows {
     }
 };
 
-// out[i] = silu(gate_i) * up_i, from row i of the gate weight and row i of the up weight (one type,
-// checked at launch). A group takes OUTPUTS consecutive outputs: their gate rows, then their up rows (two
-// outputs per warp keep the 4864 warps of Qwen2.5-0.5B's FFN inside one wave of resident warps).
-struct GemvSwiglu {
+// The activation of a gated FFN's gate: SwiGLU's silu, GeGLU's tanh GELU (Gemma; common.cuh has both).
+enum class GateActivation { SILU, GELU_TANH };
+
+// out[i] = act(gate_i) * up_i, from row i of the gate weight and row i of the up weight (one type,
+// checked at launch): gemv_swiglu (act silu) and gemv_geglu (act the tanh GELU). A group takes OUTPUTS
+// consecutive outputs: their gate rows, then their up rows (two outputs per warp keep the 4864 warps of
+// Qwen2.5-0.5B's FFN inside one wave of resident warps).
+template <GateActivation ACTIVATION>
+struct GemvGated {
     static constexpr int OUTPUTS = 2;
     static constexpr int ROWS = 2 * OUTPUTS;
     WeightPart gate, up;
@@ -781,7 +788,14 @@ struct GemvSwiglu {
 #pragma unroll
         for (int o = 0; o < OUTPUTS; ++o) {
             const int output = group * OUTPUTS + o;
-            if (output < gate.n_rows) out[output] = silu(sums[o]) * sums[OUTPUTS + o];
+            if (output < gate.n_rows) out[output] = activate(sums[o]) * sums[OUTPUTS + o];
+        }
+    }
+    __device__ static float activate(float gate_sum) {
+        if constexpr (ACTIVATION == GateActivation::SILU) {
+            return silu(gate_sum);
+        } else {
+            return gelu_tanh(gate_sum);
         }
     }
 };
@@ -790,8 +804,10 @@ struct GemvSwiglu {
 // head_dim rows; each its own type). Group g is one pair of dimensions of one head, counting q heads, then
 // k heads, then v heads: the two dimensions RoPE rotates together (rope.cuh) for q and k, two adjacent
 // ones for v. Its epilogue adds the biases, rotates q and k pairs by the position, and writes q to `q`, k
-// and v to row `position` of the caches. The position is read from device memory, so a captured graph
-// serves every step; one outside the cache would write another buffer's memory, so the kernel traps.
+// and v to row `position` of the caches. With n_rot 0 no pair is rotated: a family that norms each head of q
+// and k before RoPE (Qwen3, Gemma 3) has head_norm_rope_f32 (rope.cu) norm and rotate them afterwards, q in
+// place and k in its cache row. The position is read from device memory, so a captured graph serves every
+// step; one outside the cache would write another buffer's memory, so the kernel traps.
 struct GemvQkvRopeStore {
     static constexpr int ROWS = 2;
     WeightPart q_weight, k_weight, v_weight;
@@ -959,6 +975,21 @@ WeightPart weight_part(const void* weight, int type, int in_features, int n_rows
     return {static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), type, n_rows};
 }
 
+// The gate/up launchers, gemv_swiglu and gemv_geglu: one kernel each, differing in the gate's activation.
+template <GateActivation ACTIVATION>
+cudaError_t launch_gated(const void* gate, const void* up, int type, const float* x, const float* norm_weight,
+                         float eps, float* out, int in_features, int d_ff, cudaStream_t stream) {
+    if (const char* reason = weight_refusal(type, gate, in_features)) return minfer_refuse(reason);
+    if (const char* reason = weight_refusal(type, up, in_features)) return minfer_refuse(reason);
+    if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
+    if (d_ff <= 0) return minfer_refuse("d_ff must be positive");
+    const GemvInput in{x, norm_weight, eps, in_features, 1};
+    using Epilogue = GemvGated<ACTIVATION>;
+    const Epilogue epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff), out,
+                            ceil_div(d_ff, Epilogue::OUTPUTS)};
+    return launch_epilogue(type, in, epilogue, stream);
+}
+
 // Output heads (151936 rows): on the integer tensor cores where gemv_int8.cu reads the type, else 4 rows per
 // group here (the activations a lane loads serve 4 rows).
 constexpr int MANY_ROWS = 16384;
@@ -998,14 +1029,14 @@ extern "C" cudaError_t launch_gemv(const void* weight, int type, const float* x,
 extern "C" cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int type, const float* x,
                                           const float* norm_weight, float eps, float* out, int in_features, int d_ff,
                                           cudaStream_t stream) {
-    if (const char* reason = weight_refusal(type, gate, in_features)) return minfer_refuse(reason);
-    if (const char* reason = weight_refusal(type, up, in_features)) return minfer_refuse(reason);
-    if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
-    if (d_ff <= 0) return minfer_refuse("d_ff must be positive");
-    const GemvInput in{x, norm_weight, eps, in_features, 1};
-    const GemvSwiglu epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff),
-                              out, ceil_div(d_ff, GemvSwiglu::OUTPUTS)};
-    return launch_epilogue(type, in, epilogue, stream);
+    return launch_gated<GateActivation::SILU>(gate, up, type, x, norm_weight, eps, out, in_features, d_ff, stream);
+}
+
+extern "C" cudaError_t launch_gemv_geglu(const void* gate, const void* up, int type, const float* x,
+                                         const float* norm_weight, float eps, float* out, int in_features, int d_ff,
+                                         cudaStream_t stream) {
+    return launch_gated<GateActivation::GELU_TANH>(gate, up, type, x, norm_weight, eps, out, in_features, d_ff,
+                                                   stream);
 }
 
 extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type,
@@ -1020,8 +1051,9 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
         if (const char* reason = weight_refusal(type, weight, in_features)) return minfer_refuse(reason);
     if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (mode != ROPE_NORMAL && mode != ROPE_NEOX) return minfer_refuse("mode must be 0 (normal) or 2 (NeoX)");
-    if (head_dim <= 0 || head_dim % 2 != 0 || n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim)
-        return minfer_refuse("head_dim must be even, and n_rot even, positive and at most head_dim");
+    if (head_dim <= 0 || head_dim % 2 != 0 || n_rot < 0 || n_rot % 2 != 0 || n_rot > head_dim)
+        return minfer_refuse("head_dim must be even, and n_rot even, 0 (no rotation) to head_dim");
+    if (n_rot > 0 && inv_freq == nullptr) return minfer_refuse("inv_freq must be given when n_rot is not 0");
     if (n_heads <= 0 || n_kv_heads <= 0 || n_ctx <= 0) return minfer_refuse("head counts and n_ctx must be positive");
     const int q_rows = n_heads * head_dim, kv_rows = n_kv_heads * head_dim;
     GemvQkvRopeStore epilogue{};

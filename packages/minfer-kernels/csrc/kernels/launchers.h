@@ -36,10 +36,21 @@ cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cu
 // norm.cu
 cudaError_t launch_rms_norm_f32(const float* x, const float* weight, float* out, int rows, int d, float eps,
                                 cudaStream_t stream);
+// y[r] += rms_norm(x[r]) * weight over [rows][d] (Gemma's post-block norms into the residual); x must not alias y.
+cudaError_t launch_rms_norm_add_f32(const float* x, const float* weight, float* y, int rows, int d, float eps,
+                                    cudaStream_t stream);
 
 // rope.cu. inv_freq: the device table of n_rot/2 pair frequencies (rope.cuh), mscale: the factor on cos and sin.
 cudaError_t launch_rope_f32(float* x, const int* positions, int n_tokens, int n_heads, int head_dim, int n_rot,
                             const double* inv_freq, float mscale, int mode, cudaStream_t stream);
+// One token of a family with per-head q and k norms: each head of q [n_heads * head_dim] and of k, row
+// positions[0] of k_cache [n_ctx][n_kv_heads * head_dim], RMS-normed over its head_dim values (q_norm, k_norm:
+// head_dim weights each), then rotated as rope_f32 does, in place; head_dim <= 256; a position outside
+// 0..n_ctx-1 traps.
+cudaError_t launch_head_norm_rope_f32(float* q, float* k_cache, const float* q_norm, const float* k_norm,
+                                      const int* positions, int n_heads, int n_kv_heads, int head_dim, int n_rot,
+                                      const double* inv_freq, float mscale, int mode, float eps, int n_ctx,
+                                      cudaStream_t stream);
 
 // embed.cu
 cudaError_t launch_embed_rows(const void* table, int type, const int* ids, float* out, int n_tokens, int d,
@@ -62,11 +73,15 @@ cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features
                               const float* x, int in_features, int n_tokens, cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
-// parts of the fused projections are separate weights; Q, K and V may each have their own type.
+// parts of the fused projections are separate weights; Q, K and V may each have their own type. gemv_swiglu
+// and gemv_geglu differ only in the gate's activation (silu, the tanh GELU). gemv_qkv_rope_store with n_rot 0
+// rotates nothing (inv_freq may then be nullptr).
 cudaError_t launch_gemv(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                         const float* residual, float* y, int in_features, int out_features, cudaStream_t stream);
 cudaError_t launch_gemv_swiglu(const void* gate, const void* up, int type, const float* x, const float* norm_weight,
                                float eps, float* out, int in_features, int d_ff, cudaStream_t stream);
+cudaError_t launch_gemv_geglu(const void* gate, const void* up, int type, const float* x, const float* norm_weight,
+                              float eps, float* out, int in_features, int d_ff, cudaStream_t stream);
 cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type, const void* wv,
                                        int v_type, const float* x, const float* norm_weight, float eps,
                                        const float* bq, const float* bk, const float* bv, float* q, float* k_cache,
@@ -96,5 +111,8 @@ cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, c
 // sample.cu. argmax: out[r] = the index of row r's largest value (lowest on ties), -1 if the row holds NaN/+-Inf.
 std::size_t argmax_workspace_bytes(int rows, int n);
 cudaError_t launch_argmax_f32(const float* x, int* out, void* workspace, int rows, int n, cudaStream_t stream);
+
+// toys.cu: for the tutorial only (docs/tutorial/toys/streams.py); no graph op uses it.
+cudaError_t launch_toy_busy(long long* out, long long cycles, int blocks, cudaStream_t stream);
 
 }  // extern "C"

@@ -1,5 +1,6 @@
 // RMSNorm: out[r][i] = x[r][i] / sqrt(mean_i(x[r][i]^2) + eps) * weight[i]  (LLaMA's norm; no mean
-// subtraction, no bias).
+// subtraction, no bias). rms_norm_add_f32 adds that norm into y instead (y[r][i] += ...): Gemma's norm of a
+// block's output on its way into the residual stream, one launch where a norm and an add were two.
 //
 // One block per row: the row's sum of squares is a block-wide reduction (warp shuffles, then one value
 // per warp through shared memory), after which every thread scales its own elements. out may alias x:
@@ -12,16 +13,27 @@ namespace {
 
 constexpr int NORM_THREADS = 256;
 
+// 1 / sqrt(mean(row^2) + eps), for every thread of the block (its threads stride over the row).
+__device__ float row_inv_rms(const float* row, int d, float eps) {
+    float sum_of_squares = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) sum_of_squares += row[i] * row[i];
+    return rsqrtf(block_sum(sum_of_squares) / float(d) + eps);
+}
+
 __global__ void rms_norm_f32(const float* x, const float* weight, float* out, int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* out_row = out + std::size_t(blockIdx.x) * d;
-
-    float sum_of_squares = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) sum_of_squares += row[i] * row[i];
-    sum_of_squares = block_sum(sum_of_squares);
-
-    const float inv_rms = rsqrtf(sum_of_squares / float(d) + eps);
+    const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = row[i] * inv_rms * weight[i];
+}
+
+// x must not alias y (both __restrict__: the compiler may move x's loads past the stores into y).
+__global__ void rms_norm_add_f32(const float* __restrict__ x, const float* __restrict__ weight, float* __restrict__ y,
+                                 int d, float eps) {
+    const float* row = x + std::size_t(blockIdx.x) * d;
+    float* y_row = y + std::size_t(blockIdx.x) * d;
+    const float inv_rms = row_inv_rms(row, d, eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y_row[i] += row[i] * inv_rms * weight[i];
 }
 
 }  // namespace
@@ -33,5 +45,13 @@ extern "C" cudaError_t launch_rms_norm_f32(const float* x, const float* weight, 
                                            float eps, cudaStream_t stream) {
     // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values.
     rms_norm_f32<<<rows, NORM_THREADS, 0, stream>>>(x, weight, out, d, eps);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_rms_norm_add_f32(const float* x, const float* weight, float* y, int rows, int d,
+                                               float eps, cudaStream_t stream) {
+    if (x == y) return minfer_refuse("x must not alias y (the norm reads all of x before adding into y)");
+    // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values.
+    rms_norm_add_f32<<<rows, NORM_THREADS, 0, stream>>>(x, weight, y, d, eps);
     return cudaGetLastError();
 }

@@ -32,12 +32,15 @@ slice_f32 = _kernels.slice_f32
 swiglu_f32 = _kernels.swiglu_f32
 add_bias_f32 = _kernels.add_bias_f32
 rms_norm_f32 = _kernels.rms_norm_f32
+rms_norm_add_f32 = _kernels.rms_norm_add_f32
 rope_f32 = _kernels.rope_f32
+head_norm_rope_f32 = _kernels.head_norm_rope_f32
 embed_rows = _kernels.embed_rows
 matmul = _kernels.matmul
 gemv = _kernels.gemv
 gemv_int8 = _kernels.gemv_int8
 gemv_swiglu = _kernels.gemv_swiglu
+gemv_geglu = _kernels.gemv_geglu
 gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
 gemm = _kernels.gemm
 gemm_group = _kernels.gemm_group
@@ -47,6 +50,7 @@ attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
 attention_prefill_f32 = _kernels.attention_prefill_f32
 argmax_f32 = _kernels.argmax_f32
 argmax_workspace_bytes = _kernels.argmax_workspace_bytes
+toy_busy = _kernels.toy_busy  # for the tutorial only (csrc/kernels/toys.cu)
 TYPES = _kernels.TYPES
 
 __all__ = [
@@ -65,12 +69,15 @@ __all__ = [
     "gemm",
     "gemm_group",
     "gemv",
+    "gemv_geglu",
     "gemv_int8",
     "gemv_qkv_rope_store",
     "gemv_swiglu",
+    "head_norm_rope_f32",
     "kv_store_f32",
     "matmul",
     "mul_f32",
+    "rms_norm_add_f32",
     "rms_norm_f32",
     "rope_f32",
     "scale_f32",
@@ -78,4 +85,5 @@ __all__ = [
     "slice_f32",
     "softcap_f32",
     "swiglu_f32",
+    "toy_busy",
 ]

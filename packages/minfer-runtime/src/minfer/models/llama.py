@@ -12,7 +12,7 @@
     logits = output_norm(x[last]) Wout          (Wout = token_embd when tied; gemma3 may soft-cap them)
 
 The same graph serves one token (decode) and many (a prompt): how to run it fast is each backend's
-business (`Backend.lower`; the CUDA backend fuses a decode layer into five kernels, backends/cuda/fuse.py).
+business (`Backend.lower`; the CUDA backend fuses a llama decode layer into five kernels, backends/cuda/fuse.py).
 Every weight is a tensor of the file, by its GGUF name; each family's differences are fields of its
 ModelConfig (models/config.py), read from the file as llama.cpp reads them.
 

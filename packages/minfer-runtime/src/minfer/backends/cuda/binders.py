@@ -149,6 +149,15 @@ def rms_norm_f32(b: Binding, node: Node) -> list[Launch]:
     return launch(b, mk.kernels.rms_norm_f32, x=x, weight=weight, out=out, rows=rows, d=d, eps=eps)
 
 
+def rms_norm_add_f32(b: Binding, node: Node) -> list[Launch]:
+    """In place: y, the residual, is in the output buffer."""
+    (d,) = node.inputs[1].shape
+    return launch(
+        b, mk.kernels.rms_norm_add_f32, **(named_inputs(b, node) | {"y": b.ptr(node.output)}),
+        rows=node.output.n_elements // d, d=d, eps=node.params["eps"],
+    )  # fmt: skip
+
+
 def rope_f32(b: Binding, node: Node) -> list[Launch]:
     check_heads(node)
     p = node.params
@@ -157,6 +166,18 @@ def rope_f32(b: Binding, node: Node) -> list[Launch]:
         b, mk.kernels.rope_f32, x=b.ptr(node.output), positions=b.ptr(positions), n_tokens=positions.shape[0],
         n_heads=p["n_heads"], head_dim=p["head_dim"], n_rot=p["rope_dim"], inv_freq=b.ptr(inv_freq),
         mscale=p["mscale"], mode=rope_mode(node),
+    )  # fmt: skip
+
+
+def head_norm_rope_f32(b: Binding, node: Node) -> list[Launch]:
+    """In place: q in the output buffer, k in its row of the cache (the node's write)."""
+    check_heads(node)
+    p = node.params
+    (cache_k,) = node.writes
+    return launch(
+        b, mk.kernels.head_norm_rope_f32, **(named_inputs(b, node) | {"q": b.ptr(node.output)}),
+        k_cache=b.ptr(cache_k), n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"],
+        n_rot=p["rope_dim"], mscale=p["mscale"], mode=rope_mode(node), eps=p["eps"], n_ctx=cache_k.shape[0],
     )  # fmt: skip
 
 
@@ -210,21 +231,32 @@ def gemv(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
-def gemv_swiglu(b: Binding, node: Node) -> list[Launch]:
+def gate_up(b: Binding, node: Node, kernel: Callable[..., None]) -> list[Launch]:
+    """The launch of a gate/up kernel (gemv_swiglu, gemv_geglu: one signature, the activation differs)."""
     gate = node.inputs[2]
     return launch(
-        b, mk.kernels.gemv_swiglu, **named_inputs(b, node), type=b.weight_type(gate), eps=node.params["eps"],
-        out=b.ptr(node.output), in_features=gate.shape[1], d_ff=node.output.shape[1],
+        b, kernel, **named_inputs(b, node), type=b.weight_type(gate), eps=node.params["eps"], out=b.ptr(node.output),
+        in_features=gate.shape[1], d_ff=node.output.shape[1],
     )  # fmt: skip
 
 
+def gemv_swiglu(b: Binding, node: Node) -> list[Launch]:
+    return gate_up(b, node, mk.kernels.gemv_swiglu)
+
+
+def gemv_geglu(b: Binding, node: Node) -> list[Launch]:
+    return gate_up(b, node, mk.kernels.gemv_geglu)
+
+
 def gemv_qkv_rope_store(b: Binding, node: Node) -> list[Launch]:
+    """No biases: None for each; rope_dim 0 (head_norm_rope_f32 rotates after the per-head norms): no inv_freq."""
     check_heads(node)
     p = node.params
     x, _, wq, wk, wv = node.inputs[:5]
     cache_k, cache_v = node.writes
+    absent = {"bq": None, "bk": None, "bv": None, "inv_freq": None}
     return launch(
-        b, mk.kernels.gemv_qkv_rope_store, **({"bq": None, "bk": None, "bv": None} | named_inputs(b, node)),
+        b, mk.kernels.gemv_qkv_rope_store, **(absent | named_inputs(b, node)),
         q_type=b.weight_type(wq), k_type=b.weight_type(wk), v_type=b.weight_type(wv), eps=p["eps"],
         q=b.ptr(node.output), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), in_features=x.shape[1],
         n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_rot=p["rope_dim"],
@@ -309,7 +341,10 @@ BINDERS: dict[enum.Enum, Binder] = {
     Op.LAST_ROW: last_row,
     FusedOp.GEMV: gemv,
     FusedOp.GEMV_SWIGLU: gemv_swiglu,
+    FusedOp.GEMV_GEGLU: gemv_geglu,
     FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
-    FusedOp.SWIGLU: swiglu_f32,
+    FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
+    FusedOp.SWIGLU_F32: swiglu_f32,
+    FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
     FusedOp.GEMM_GROUP: gemm_group,
 }

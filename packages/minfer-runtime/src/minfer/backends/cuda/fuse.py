@@ -1,10 +1,11 @@
 """The CUDA backend's lowering: pattern rules that rewrite a model's primitive graph into the fused ops its
 kernels implement, and the one choice of the kernel that runs a matmul.
 
-A rule matches a group of primitive nodes and replaces them by one node of a `FusedOp`, whose name is the
-launcher's (`kernels.<value>`). Where a rule's preconditions fail (gate and up of different types, a layer
-with a per-head norm between its projections and RoPE, ...), the nodes stay as they are and run as the
-primitive kernels: a new architecture runs on the GPU at once and gets faster when a rule matches it.
+A rule matches a group of primitive nodes and replaces them by one node of a `FusedOp` (or two, where one
+kernel cannot do it all), whose name is the launcher's (`kernels.<value>`). Where a rule's preconditions
+fail (gate and up of different types, q and k of a layer normed differently, ...), the nodes stay as they
+are and run as the primitive kernels: a new architecture runs on the GPU at once and gets faster when a
+rule matches it.
 
 Pure functions of the graph and the weights' GGML types, without the kernels: the backend lowers with
 them (CudaBackend.lower), and `minfer graph --backend cuda` and the tests run them on any machine.
@@ -28,9 +29,13 @@ class FusedOp(enum.Enum):
 
     GEMV = "gemv"  # one token: matmul(rms_norm(x, g) or x, W) (+ the residual r, in place into r)
     GEMV_SWIGLU = "gemv_swiglu"  # one token: silu(matmul(h, Wgate)) * matmul(h, Wup), h = rms_norm(x, g)
+    GEMV_GEGLU = "gemv_geglu"  # one token: gelu(matmul(h, Wgate)) * matmul(h, Wup), h = rms_norm(x, g)
     GEMV_QKV_ROPE_STORE = "gemv_qkv_rope_store"  # one token: h = rms_norm(x, g); q, k, v = h Wq/Wk/Wv (+ b);
-    #                                              rope on q and k; kv_store of k and v; q out
-    SWIGLU = "swiglu"  # silu(gate) * up, in place into gate
+    #                                              rope on q and k (none: rope_dim 0); kv_store of k and v; q out
+    HEAD_NORM_ROPE = "head_norm_rope_f32"  # one token: rope(rms_norm(q, q_norm)) per head, in place into q, and
+    #                                        the same of k (k_norm) in its cache row at positions[0]
+    SWIGLU_F32 = "swiglu_f32"  # silu(gate) * up, in place into gate
+    RMS_NORM_ADD_F32 = "rms_norm_add_f32"  # y + rms_norm(x, g), in place into y (Gemma's post-block norms)
     GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x, one launch
 
 
@@ -59,7 +64,7 @@ def matmul_kernel(node: Node) -> str:
 def fuse(graph: Graph, weight_type: WeightType) -> Graph:
     """`graph` with every group of nodes a rule matches replaced by its fused node, the rules in order."""
     nodes = drop_single_last_row(graph)
-    for rule in (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_gemm_groups):
+    for rule in (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_norm_add, fuse_gemm_groups):
         rewrite = Rewrite(nodes, {t.name for t in graph.outputs.values()})
         rule(rewrite, weight_type)
         nodes = rewrite.result()
@@ -79,7 +84,7 @@ class Rewrite:
                 self.readers.setdefault(tensor.name, []).append(node)
             self.producers |= {tensor.name: node for tensor in node.outputs}
         self.index = {id(node): i for i, node in enumerate(nodes)}
-        self.replaced: dict[int, Node | None] = {}  # node index -> the fused node there (its last member) or None
+        self.replaced: dict[int, tuple[Node, ...]] = {}  # node index -> the fused nodes there (its last member) or ()
 
     def sole_reader(self, tensor: Tensor, op: enum.Enum) -> Node | None:
         """The one node reading `tensor`, if it is of `op` and no rule took it yet."""
@@ -89,11 +94,12 @@ class Rewrite:
         return None
 
     def projection_chain(self, matmul: Node) -> list[Node]:
-        """The matmul, then its add_bias and its rope in place, each where it is the sole reader of the last."""
+        """The matmul, then its add_bias in place, an rms_norm (Qwen3's and Gemma 3's per-head q_norm and k_norm)
+        and its rope in place, each where it is the sole reader of the last."""
         chain = [matmul]
-        for op in (Op.ADD_BIAS, Op.ROPE):
+        for op in (Op.ADD_BIAS, Op.RMS_NORM, Op.ROPE):
             follower = self.sole_reader(chain[-1].output, op)
-            if follower is not None and follower.inplace_input == 0:
+            if follower is not None and (op is Op.RMS_NORM or follower.inplace_input == 0):
                 chain.append(follower)
         return chain
 
@@ -109,14 +115,16 @@ class Rewrite:
     def replace(self, members: list[Node], op: FusedOp, inputs: list[Tensor], output: Tensor, args: tuple[str, ...],
                 **fields: Any) -> None:  # fmt: skip
         """Put a node of `op` (its `params`, `inplace_input`, `writes`, `more_outputs` in `fields`) where the last
-        of `members` was and drop the others, if that keeps the graph's order: no value of a member but the
-        fused node's is read elsewhere, nothing reads a value of the fused node before its place, and no node
-        in between touches a state it writes."""
-        params = {"args": args, **fields.pop("params", {})}
-        fused = Node(fused_name(members), op, inputs, output, params, **fields)
+        of `members` was and drop the others, if that keeps the graph's order (`replace_by`)."""
+        self.replace_by(members, [fused_node(members, op, inputs, output, args, **fields)])
+
+    def replace_by(self, members: list[Node], fused: list[Node]) -> None:
+        """Put the `fused` nodes, in order, where the last of `members` was and drop the others, if that keeps
+        the graph's order: no value of a member but a fused node's is read elsewhere, nothing reads a value
+        of the fused nodes before their place, and no node in between touches a state they write."""
         indices = sorted(self.index[id(node)] for node in members)
         inside = {id(node) for node in members}
-        kept = {t.name for t in fused.outputs}
+        kept = {t.name for node in fused for t in node.outputs}
         if any(i in self.replaced for i in indices):
             return
         for value in (t.name for node in members for t in node.outputs):
@@ -125,15 +133,21 @@ class Rewrite:
                 return
             if any(i < indices[-1] for i in outside):
                 return
-        written = {t.name for t in fused.writes}
+        written = {t.name for node in fused for t in node.writes}
         for node in self.nodes[indices[0] : indices[-1]]:
             if id(node) not in inside and written & {t.name for t in [*node.inputs, *node.writes]}:
                 return
-        self.replaced |= dict.fromkeys(indices[:-1]) | {indices[-1]: fused}
+        self.replaced |= dict.fromkeys(indices[:-1], ()) | {indices[-1]: tuple(fused)}
 
     def result(self) -> list[Node]:
-        kept = (self.replaced.get(i, node) for i, node in enumerate(self.nodes))
-        return [node for node in kept if node is not None]
+        return [fused for i, node in enumerate(self.nodes) for fused in self.replaced.get(i, (node,))]
+
+
+def fused_node(members: list[Node], op: FusedOp, inputs: list[Tensor], output: Tensor, args: tuple[str, ...],
+               **fields: Any) -> Node:  # fmt: skip
+    """The node of `op` that does what `members` do, named after them, its inputs named by `args`."""
+    params = {"args": args, **fields.pop("params", {})}
+    return Node(fused_name(members), op, inputs, output, params, **fields)
 
 
 def fused_name(members: list[Node]) -> str:
@@ -167,7 +181,12 @@ def drop_single_last_row(graph: Graph) -> list[Node]:
 
 
 def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
-    """rms_norm -> three matmuls (-> add_bias each) -> rope on q and k -> kv_store of k and v, one token."""
+    """rms_norm -> three matmuls (-> add_bias each) (-> rms_norm of each head of q and k) -> rope on q and k
+    -> kv_store of k and v, one token.
+
+    Where q and k are normed per head before their rope (Qwen3, Gemma 3), two nodes: gemv_qkv_rope_store
+    rotating nothing (a pair in its epilogue cannot see its whole head), then head_norm_rope_f32 norming
+    and rotating q, and k in the cache row it was stored in."""
     for norm, matmuls in g.norm_fanouts(3):
         chains = {chain[-1].output.name: chain for chain in map(g.projection_chain, matmuls)}
         store = next((r for chain in chains.values() for r in g.readers.get(chain[-1].output.name, [])
@@ -178,7 +197,7 @@ def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
         k_chain, v_chain = chains.pop(k_end), chains.pop(v_end)
         (q_chain,) = chains.values()
         q_rope, k_rope = q_chain[-1], k_chain[-1]
-        if q_rope.op is not Op.ROPE or k_rope.op is not Op.ROPE or v_chain[-1].op is Op.ROPE:
+        if q_rope.op is not Op.ROPE or k_rope.op is not Op.ROPE or v_chain[-1].op in (Op.ROPE, Op.RMS_NORM):
             continue
         rope = {key: value for key, value in q_rope.params.items() if key != "n_heads"}
         same_rope = rope == {key: value for key, value in k_rope.params.items() if key != "n_heads"}
@@ -193,24 +212,54 @@ def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
         heads = (q_rope.params["n_heads"], k_rope.params["n_heads"], k_rope.params["n_heads"])
         if len(biases) not in (0, 3) or [w.shape[0] for w in weights] != [n * rope["head_dim"] for n in heads]:
             continue
-        g.replace(
-            [norm, *q_chain, *k_chain, *v_chain, store], FusedOp.GEMV_QKV_ROPE_STORE,
-            [*norm.inputs, *weights, positions, inv_freq, *biases], q_rope.output,
-            ("x", "norm_weight", "wq", "wk", "wv", "positions", "inv_freq", *("bq", "bk", "bv")[: len(biases)]),
-            params=dict(eps=norm.params["eps"], n_heads=heads[0], n_kv_heads=heads[1], **rope), writes=store.writes,
-        )  # fmt: skip
+        bias_args = ("bq", "bk", "bv")[: len(biases)]
+        qkv = dict(eps=norm.params["eps"], n_heads=heads[0], n_kv_heads=heads[1])
+        q_norm, k_norm = (chain[-2] if chain[-2].op is Op.RMS_NORM else None for chain in (q_chain, k_chain))
+        if q_norm is None and k_norm is None:
+            g.replace(
+                [norm, *q_chain, *k_chain, *v_chain, store], FusedOp.GEMV_QKV_ROPE_STORE,
+                [*norm.inputs, *weights, positions, inv_freq, *biases], q_rope.output,
+                ("x", "norm_weight", "wq", "wk", "wv", "positions", "inv_freq", *bias_args),
+                params=qkv | rope, writes=store.writes,
+            )  # fmt: skip
+            continue
+        if q_norm is None or k_norm is None or q_norm.params["eps"] != k_norm.params["eps"]:
+            continue
+        # Weights one head long: norms of each head (where there is one KV head, as in Gemma 3 270M, k's is
+        # its row's norm too).
+        if [n.inputs[1].shape[0] for n in (q_norm, k_norm)] != [rope["head_dim"]] * 2:
+            continue
+        projections = [norm, *q_chain[:-2], *k_chain[:-2], *v_chain, store]
+        head_norms = [q_norm, q_rope, k_norm, k_rope]
+        g.replace_by([*projections, *head_norms], [
+            fused_node(
+                projections, FusedOp.GEMV_QKV_ROPE_STORE, [*norm.inputs, *weights, positions, *biases],
+                q_norm.inputs[0], ("x", "norm_weight", "wq", "wk", "wv", "positions", *bias_args),
+                params=qkv | rope | {"rope_dim": 0}, writes=store.writes,
+            ),
+            fused_node(
+                head_norms, FusedOp.HEAD_NORM_ROPE,
+                [q_norm.inputs[0], q_norm.inputs[1], k_norm.inputs[1], positions, inv_freq], q_rope.output,
+                ("q", "q_norm", "k_norm", "positions", "inv_freq"),
+                params=dict(eps=q_norm.params["eps"], n_heads=heads[0], n_kv_heads=heads[1], **rope),
+                inplace_input=0, writes=store.writes[:1],
+            ),
+        ])  # fmt: skip
+
+
+GATED = {Op.SILU: FusedOp.GEMV_SWIGLU, Op.GELU: FusedOp.GEMV_GEGLU}  # a gate's activation -> its gate/up kernel
 
 
 def fuse_gate_up(g: Rewrite, weight_type: WeightType) -> None:
-    """rms_norm -> two matmuls of one GGML type -> silu of one, times the other; one token."""
+    """rms_norm -> two matmuls of one GGML type -> silu (or gelu) of one, times the other; one token."""
     for norm, matmuls in g.norm_fanouts(2):
         for gate, up in (matmuls, matmuls[::-1]):
-            silu = g.sole_reader(gate.output, Op.SILU)
-            mul = g.sole_reader(silu.output, Op.MUL) if silu is not None else None
+            activation = next(filter(None, (g.sole_reader(gate.output, op) for op in GATED)), None)
+            mul = g.sole_reader(activation.output, Op.MUL) if activation is not None else None
             if mul is None or mul.inplace_input != 0 or mul.inputs[1].name != up.output.name:
                 continue
             if weight_type(gate.inputs[1].name) == weight_type(up.inputs[1].name):  # the kernel reads one format
-                g.replace([norm, gate, up, silu, mul], FusedOp.GEMV_SWIGLU,
+                g.replace([norm, gate, up, activation, mul], GATED[activation.op],
                           [*norm.inputs, gate.inputs[1], up.inputs[1]], mul.output,
                           ("x", "norm_weight", "gate", "up"), params={"eps": norm.params["eps"]})  # fmt: skip
 
@@ -245,8 +294,19 @@ def fuse_swiglu(g: Rewrite, weight_type: WeightType) -> None:
     for silu in g.nodes:
         mul = g.sole_reader(silu.output, Op.MUL) if silu.op is Op.SILU else None
         if mul is not None and mul.inplace_input == 0:
-            g.replace([silu, mul], FusedOp.SWIGLU, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
+            g.replace([silu, mul], FusedOp.SWIGLU_F32, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
                       inplace_input=0)  # fmt: skip
+
+
+def fuse_norm_add(g: Rewrite, weight_type: WeightType) -> None:
+    """A row norm whose only reader adds it into the residual (Gemma's post_attention_norm and post_ffw_norm):
+    one kernel that norms x and adds it into y in place."""
+    for norm in g.nodes:
+        add = g.sole_reader(norm.output, Op.ADD) if is_row_norm(norm) else None
+        if add is not None and add.inputs[1 - add.inplace_input].name == norm.output.name:
+            x, weight = norm.inputs
+            g.replace([norm, add], FusedOp.RMS_NORM_ADD_F32, [x, weight, add.inputs[add.inplace_input]], add.output,
+                      ("x", "weight", "y"), inplace_input=2, params={"eps": norm.params["eps"]})  # fmt: skip
 
 
 def fuse_gemm_groups(g: Rewrite, weight_type: WeightType) -> None:
