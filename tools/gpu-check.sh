@@ -7,7 +7,8 @@
 #   4. the same suite under compute-sanitizer --tool memcheck, leaving out the tests marked
 #      provokes_cuda_error (they make CUDA calls fail on purpose, and memcheck counts every failed call)
 #   5. a microbenchmark of the kernels at Qwen2.5-0.5B decode shapes (packages/minfer-kernels/bench)
-#   6. the runtime: its CUDA tests (pytest -m cuda), `minfer run --backend cuda` under memcheck, a bench table
+#   6. the runtime and minfer-chat: their CUDA tests (pytest -m cuda), `minfer run --backend cuda` under memcheck,
+#      a bench table
 #   7. the tutorial's toys and try-it commands (docs/tutorial/toys/run-on-gpu.sh), each toy checking its output
 #
 # Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
@@ -127,16 +128,17 @@ fi
 # 5. Kernel timings: a table, for the record (it fails only if a kernel fails).
 wanted microbench && run_step "kernel microbench" bench.log "$PYTHON" packages/minfer-kernels/bench/bench_kernels.py
 
-# 6. The runtime on the GPU: install it (its dependencies come from the machine or .whl/), then its CUDA
-# tests (CUDA backend == CPU backend on synthetic and real models, replay on/off, multi-turn), one short
-# `minfer run --backend cuda` under memcheck, and a bench table of synthetic Qwen2.5-0.5B models.
-# The default model is used when it is installed or in $MINFER_HOME/models (the device tool carries it in
-# parts: see docs/PERFORMANCE.md); its tests skip with the reason otherwise.
-if run_step "install minfer-runtime" runtime-install.log \
-    "$PYTHON" -m pip install -q --no-build-isolation --no-deps ./packages/minfer-runtime; then
-    wanted runtime && run_step "runtime CUDA tests" runtime-cuda.log \
+# 6. The runtime on the GPU: install it and minfer-chat (their dependencies come from the machine or .whl/),
+# then their CUDA tests (CUDA backend == CPU backend on synthetic and real models, against transformers,
+# replay on/off, multi-turn; minfer-chat on the real Gemma 3), one short `minfer run --backend cuda` under
+# memcheck, and a bench table of synthetic Qwen2.5-0.5B models.
+# The real models (the default, Gemma 3 270M) are used when installed or in $MINFER_HOME/models (the device
+# tool carries them in parts: see docs/PERFORMANCE.md); their tests skip with the reason otherwise.
+if run_step "install minfer-runtime and minfer-chat" runtime-install.log \
+    "$PYTHON" -m pip install -q --no-build-isolation --no-deps ./packages/minfer-runtime ./packages/minfer-chat; then
+    wanted runtime && run_step "runtime and chat CUDA tests" runtime-cuda.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
-        "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests
+        "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests packages/minfer-chat/tests
     if wanted run-memcheck && command -v compute-sanitizer >/dev/null; then
         run_step "minfer run --backend cuda under compute-sanitizer memcheck" run-memcheck.log \
             compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \

@@ -14,6 +14,10 @@ import pytest
 from minfer.testing.synthetic import scaled, write_synthetic_model
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU and minfer-kernels (tools/gpu-check.sh runs these)")
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer llama with a 512-token context: a reply of a few tokens takes milliseconds."""

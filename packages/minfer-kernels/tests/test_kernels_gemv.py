@@ -158,13 +158,19 @@ requires_sm90 = pytest.mark.skipif(
 # width), Qwen2.5-0.5B's width, a last chunk of one row. Each last chunk's bytes are not a multiple of 16,
 # so the copy engine brings all but their last few bytes.
 INT8_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129)]
-# gemv_int8 reads the 32-value block formats (BLOCK_TYPES): launch_gemv sends them there for outputs of many rows.
+# The same in whole super-blocks, for Q6_K: one, Qwen3-0.6B's and Llama-3.2-1B's widths, a partial chunk.
+INT8_SUPER_BLOCK_SHAPES = [(256, 5), (1024, 16411), (2048, 300), (512, 129)]
+# gemv_int8 reads the 32-value block formats (BLOCK_TYPES) and Q6_K (the K-quant presets' output head):
+# launch_gemv sends them there for outputs of many rows.
+INT8_TYPES = (*BLOCK_TYPES, mk.GGMLType.Q6_K)
+INT8_TYPE_SHAPES = [
+    (t, shape) for t in INT8_TYPES for shape in (INT8_SUPER_BLOCK_SHAPES if t in SUPER_BLOCK_TYPES else INT8_SHAPES)
+]  # fmt: skip
 
 
 @requires_sm90
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
-@pytest.mark.parametrize("shape", INT8_SHAPES, ids=str)
-@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("ggml_type", "shape"), INT8_TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
     """The tensor-core path against float64: x in three int8 parts keeps it to 2^-22 of each block's
     largest value, inside the float32 bound the CUDA-core GEMV is held to."""
@@ -172,7 +178,7 @@ def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
 
 
 @requires_sm90
-@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", INT8_TYPES, ids=lambda t: t.name)
 def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, dev, ggml_type):
     """Blocks of x far apart in size (1e-4 .. 1e4), a block of zeros and a block with one nonzero value:
     the parts are scaled per block, so a small block keeps its precision next to a large one."""
@@ -205,11 +211,13 @@ def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, d
 def test_gemv_int8_refuses_what_it_cannot_read(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
-    for other in (t for t in ALL_TYPES if t not in BLOCK_TYPES):
-        with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL"):
+    for other in (t for t in ALL_TYPES if t not in INT8_TYPES):
+        with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q5_1, Q8_0, IQ4_NL or Q6_K"):
             kernels.gemv_int8(p, other, p, 0, EPS, 0, p, 256, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*blocks of 32"):
         kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 48, 4, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*super-blocks of 256 for Q6_K"):
+        kernels.gemv_int8(p, mk.GGMLType.Q6_K, p, 0, EPS, 0, p, 128, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*fit shared memory"):
         kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 32 * 1024, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*16-byte aligned"):

@@ -121,6 +121,14 @@ def test_default_model_on_cuda_matches_cpu(default_model_path):
     assert identical >= 4, f"only {identical} of 5 greedy continuations identical"
 
 
+def test_gemma3_on_cuda_matches_transformers(gemma3_model_path):
+    """The real Gemma 3 270M on the GPU against transformers on the same GGUF, the fixture test_reference.py holds
+    the CPU backend to: chat turns, a completion, and a 700-token prompt past the 512-row window of its local
+    layers; each prompt through the prefill kernels, then 32 greedy decode steps through the fused ones."""
+    engine = minfer.load(gemma3_model_path, backend="cuda", ctx_size=1024)
+    check_against_reference(engine, "gemma3", tolerance=CUDA_REFERENCE_TOLERANCE)
+
+
 def test_graph_replay_on_and_off_give_identical_tokens(synthetic_model, monkeypatch):
     path = synthetic_model(SPECS["qwen2"], "Q4_0", 1)
     prompt = random_prompts(SPECS["qwen2"].vocab_size, 1, seed=3)[0]

@@ -891,7 +891,9 @@ struct GemvQkvRopeStore {
 template <class Format, class Epilogue>
 cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
     // Rows of up to ~4 steps (896 values: 4) belong to one warp each; longer rows (4864 values: 19 steps)
-    // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, all in one batch.
+    // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, in one batch where
+    // RAW_BUDGET holds them (the K-quants' 5 and 6 words a step take two; a budget of 48 that made it one
+    // was slower: docs/PERFORMANCE.md, step 25).
     const int n_steps = ceil_div(input.in_features, STEP_VALUES);
     GemvInput in = input;
     in.warps_per_group = std::min(GEMV_MAX_WARPS, ceil_div(n_steps, STEPS_PER_WARP));

@@ -1,8 +1,8 @@
 // One-token GEMVs over many rows, the output head above all (151936 rows for Qwen2.5-0.5B's vocabulary), on
 // the integer tensor cores, with the weights staged through shared memory by the copy engine (sm_90):
 //
-//     y = W norm(x) (+ residual)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL; norm: RMSNorm with its weight,
-//                                     or nothing
+//     y = W norm(x) (+ residual)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL or Q6_K; norm: RMSNorm with its
+//                                     weight, or nothing
 //
 // launch_gemv (gemv.cu) sends its launches here when the output has at least MANY_ROWS rows and the GPU
 // has what this kernel needs (minfer_gemv_int8_takes); it computes the same function as gemv.cu's kernel.
@@ -15,10 +15,11 @@
 // STAGES chunks in flight), and multiplies them on the integer tensor cores: a 32-value block of 16 rows is
 // one mma.sync.m16n8k32 (int8 times int8, int32 sums) whose A operand is the block's quants as they are
 // stored, after at most a mask and a shift per 8 values (IQ4_NL's: the int8 levels its nibbles index, looked
-// up with byte permutes). The super-block formats (the K-quants, IQ4_XS) stay on gemv.cu's kernel: their
-// sub-block scales and mins (per 16 values for Q2_K, Q3_K and Q6_K) have no place in this product's one scale
-// per 32-value block of a row, and gemv.cu reads their super-blocks a whole one per warp step, with 4-byte
-// loads (2-byte for Q3_K and Q6_K).
+// up with byte permutes). Q6_K, the output head llama-quantize gives every K-quant preset where the rows are
+// whole super-blocks, is a 32-value block too once its halves are apart: each 16 values have their own scale,
+// so a block is two MMAs, each with the other half's quants zeroed (HALF_SCALES), and its 6-bit q - 32 is an
+// int8 after a bit flip and a sign extension. The other super-block formats (Q2_K .. Q5_K, IQ4_XS) stay on
+// gemv.cu's kernel: their mins have no place in this product, and their heads are rare.
 //
 // The activations as integers, without losing float32's precision. x (times the norm weight) is cut into
 // 32-value blocks like the weights; block b gets the scale d_b = max |x_j| / 127 and each value three int8
@@ -76,11 +77,13 @@ __device__ __forceinline__ std::uint32_t shared_word(const std::uint8_t* p) {
 //
 // load: the lane's bytes of block `block` of a row staged in shared memory; quants: the two A-fragment
 // words, values 4t .. 4t + 3 (low) and 16 + 4t .. 16 + 4t + 3 (high) of the block as int8 (offset by the
-// zero point ZERO); scale (and, where HAS_OFFSET, offset): d and m of w = d * (q - ZERO) + m.
+// zero point ZERO); scale (and, where HAS_OFFSET, offset): d and m of w = d * (q - ZERO) + m. Where
+// HALF_SCALES, scale is that of the low 16 values and scale_high that of the high 16.
 
 struct Int8Q4_0 {
     static constexpr int ZERO = 8;
     static constexpr bool HAS_OFFSET = false;
+    static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t qs, d;
     };
@@ -98,6 +101,7 @@ struct Int8Q4_0 {
 struct Int8Q4_1 {  // 20-byte blocks keep a 4-byte boundary
     static constexpr int ZERO = 0;
     static constexpr bool HAS_OFFSET = true;
+    static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t d_and_m, qs;
     };
@@ -116,6 +120,7 @@ struct Int8Q4_1 {  // 20-byte blocks keep a 4-byte boundary
 struct Int8Q5_0 {
     static constexpr int ZERO = 16;
     static constexpr bool HAS_OFFSET = false;
+    static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t qs, qh, d;
     };
@@ -133,6 +138,7 @@ struct Int8Q5_0 {
 struct Int8Q5_1 {  // 24-byte blocks keep a 4-byte boundary
     static constexpr int ZERO = 0;
     static constexpr bool HAS_OFFSET = true;
+    static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t d_and_m, qh, qs;
     };
@@ -151,6 +157,7 @@ struct Int8Q5_1 {  // 24-byte blocks keep a 4-byte boundary
 struct Int8IQ4_NL {  // the quants are the int8 levels the nibbles index
     static constexpr int ZERO = 0;
     static constexpr bool HAS_OFFSET = false;
+    static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t qs, d;
     };
@@ -167,6 +174,7 @@ struct Int8IQ4_NL {  // the quants are the int8 levels the nibbles index
 struct Int8Q8_0 {
     static constexpr int ZERO = 0;
     static constexpr bool HAS_OFFSET = false;
+    static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t low, high, d;
     };
@@ -180,6 +188,45 @@ struct Int8Q8_0 {
         high = w.high;
     }
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
+};
+
+// Block j of a super-block (values 32j .. 32j + 31, in half h = j / 4, quarter r = j % 4; ggml_formats.cuh
+// has the layout): the low nibbles (r < 2) or high nibbles of ql bytes 64h + 32(r % 2) .., with bits 2r and
+// 2r + 1 of qh bytes 32h .. above them, scales 2j and 2j + 1 for its two halves. 210-byte super-blocks keep a
+// 2-byte boundary only.
+struct Int8Q6_K {
+    static constexpr int ZERO = 0;  // q - 32 is made a signed byte in load, not subtracted in the MMA
+    static constexpr bool HAS_OFFSET = false;
+    static constexpr bool HALF_SCALES = true;
+    struct Raw {
+        std::uint32_t low, high;
+        float scale_low, scale_high;
+    };
+    // The 6-bit values q of a word's bytes as the signed bytes q - 32: flipping bit 5 gives q - 32 in 6 bits,
+    // whose sign bit 5 then fills bits 6 and 7 (0x20 * 6 = 0xC0: no carry reaches the next byte).
+    __device__ static std::uint32_t centred(std::uint32_t q) {
+        const std::uint32_t x = q ^ 0x20202020u;
+        return x | ((x & 0x20202020u) * 6u);
+    }
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + block / 8;
+        const int j = block % 8, h = j / 4, r = j % 4;
+        const std::uint8_t* ql = b->ql + 64 * h + 32 * (r % 2) + 4 * t;
+        const std::uint8_t* qh = b->qh + 32 * h + 4 * t;
+        const int nibble_shift = 4 * (r / 2), high_shift = 2 * r;
+        const auto value = [&](int offset) {
+            return centred(((shared_word(ql + offset) >> nibble_shift) & 0x0F0F0F0Fu) |
+                           (((shared_word(qh + offset) >> high_shift) & 0x03030303u) << 4));
+        };
+        const float d = half_bits_to_float(shared_u16(&b->d));
+        return {value(0), value(16), d * float(b->scales[2 * j]), d * float(b->scales[2 * j + 1])};
+    }
+    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
+        low = w.low;
+        high = w.high;
+    }
+    __device__ static float scale(const Raw& w) { return w.scale_low; }
+    __device__ static float scale_high(const Raw& w) { return w.scale_high; }
 };
 
 // ---- x, quantized into shared memory ---------------------------------------------------------------------
@@ -399,11 +446,26 @@ __device__ __forceinline__ void chunk_products(const std::uint8_t* chunk, long l
             Format::quants(w[0], t, a[0], a[2]);
             Format::quants(w[1], t, a[1], a[3]);
             int d[4];
-            mma_int8(d, a, b0, b1, zero.x, zero.y);
+            if constexpr (Format::HALF_SCALES) {
+                // One MMA per 16-value half, the other half's quants zeroed: each sum gets its own scale.
+                static_assert(Format::ZERO == 0, "both halves' MMAs would count the zero term");
+                const std::uint32_t low_half[4] = {a[0], a[1], 0u, 0u}, high_half[4] = {0u, 0u, a[2], a[3]};
+                int d_high[4];
+                mma_int8(d, low_half, b0, b1, zero.x, zero.y);
+                mma_int8(d_high, high_half, b0, b1, zero.x, zero.y);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                sums[tile][h] += float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * (Format::scale(w[h]) * lane_scale);
-                if constexpr (Format::HAS_OFFSET) sums[tile][h] += Format::offset(w[h]) * lane_sum;
+                for (int h = 0; h < 2; ++h) {
+                    sums[tile][h] += (float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * Format::scale(w[h]) +
+                                      float(d_high[2 * h] * PART_SCALE + d_high[2 * h + 1]) * Format::scale_high(w[h])) *
+                                     lane_scale;
+                }
+            } else {
+                mma_int8(d, a, b0, b1, zero.x, zero.y);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    sums[tile][h] += float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * (Format::scale(w[h]) * lane_scale);
+                    if constexpr (Format::HAS_OFFSET) sums[tile][h] += Format::offset(w[h]) * lane_sum;
+                }
             }
         }
     }
@@ -510,8 +572,10 @@ using namespace minfer;
 
 extern "C" bool minfer_gemv_int8_takes(int type, const void* weight, int in_features) {
     const bool format = type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q5_1 ||
-                        type == GGML_Q8_0 || type == GGML_IQ4_NL;
-    if (!format || in_features <= 0 || in_features % QK != 0 || !is_aligned(weight, COPY_ALIGNMENT)) return false;
+                        type == GGML_Q8_0 || type == GGML_IQ4_NL || type == GGML_Q6_K;
+    const int row_values = type == GGML_Q6_K ? QK_K : QK;
+    if (!format || in_features <= 0 || in_features % row_values != 0 || !is_aligned(weight, COPY_ALIGNMENT))
+        return false;
     int device = 0, limit = 0;
     return minfer_compute_capability() >= 90 && cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
@@ -522,9 +586,9 @@ extern "C" cudaError_t launch_gemv_int8(const void* weight, int type, const floa
                                         float eps, const float* residual, float* y, int in_features, int out_features,
                                         cudaStream_t stream) {
     if (!minfer_gemv_int8_takes(type, weight, in_features))
-        return minfer_refuse("type must be Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL, the weight 16-byte aligned, "
-                             "in_features whole blocks of 32 whose chunks fit shared memory, and the GPU sm_90 or "
-                             "newer");
+        return minfer_refuse("type must be Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL or Q6_K, the weight 16-byte "
+                             "aligned, in_features whole blocks of 32 (super-blocks of 256 for Q6_K) whose chunks "
+                             "fit shared memory, and the GPU sm_90 or newer");
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
     const Int8GemvInput in{static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), out_features, x,
                            norm_weight, eps, in_features, residual, y};
@@ -535,6 +599,7 @@ extern "C" cudaError_t launch_gemv_int8(const void* weight, int type, const floa
         case GGML_Q5_0: return launch_format<Int8Q5_0>(in, shared, stream);
         case GGML_Q5_1: return launch_format<Int8Q5_1>(in, shared, stream);
         case GGML_IQ4_NL: return launch_format<Int8IQ4_NL>(in, shared, stream);
+        case GGML_Q6_K: return launch_format<Int8Q6_K>(in, shared, stream);
         default: return launch_format<Int8Q8_0>(in, shared, stream);
     }
 }
