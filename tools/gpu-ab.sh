@@ -7,7 +7,9 @@
 #                                 environment, then alternate `minfer bench` between the two, round by round
 #
 # Knobs of `run`: MINFER_AB_TYPES (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M),
-# MINFER_AB_PRESET (their shapes, default qwen2.5-0.5b), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
+# MINFER_AB_PRESET (their shapes, default qwen2.5-0.5b), MINFER_AB_MODELS (GGUF files to bench instead of the
+# synthetic models: llama-quantize's presets that tools/bench-vs-llamacpp.sh leaves in its WORKDIR, say),
+# MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
 # default 10), MINFER_AB_ARGS (more bench flags, default -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu
 # builds no kernels), MINFER_CUDA_ARCHS (default native), PYTHON (default python3). Wheels in ./.whl/ are installed
 # first, as tools/gpu-check.sh does. Logs and the table: $OUT when the device tool runs this, else build/gpu-ab.
@@ -32,6 +34,12 @@ if [ ! -f "$BASE/REVISION" ]; then
     exit 1
 fi
 
+# shellcheck disable=SC2206 # MINFER_AB_MODELS is a list of paths
+MODELS=(${MINFER_AB_MODELS:-})
+for model in "${MODELS[@]}"; do
+    [ -f "$model" ] || { echo "gpu-ab: MINFER_AB_MODELS: $model does not exist" >&2; exit 1; }
+done
+
 LOGS=${OUT:-build/gpu-ab}
 mkdir -p "$LOGS"
 PYTHON=${PYTHON:-python3}
@@ -52,29 +60,31 @@ PACKAGES="./packages/minfer-runtime"
     $PACKAGES) > "$LOGS/build-before.log" 2>&1 || { tail -30 "$LOGS/build-before.log"; exit 1; }
 BEFORE_PATH=/tmp/base-site${PYTHONPATH:+:$PYTHONPATH}
 
-MODELS=/tmp/minfer-bench
-mkdir -p "$MODELS"
-for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
-    model="$MODELS/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
-    [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
-        --weight-type "$weight_type" > /dev/null || exit 1
-done
+if [ -z "${MINFER_AB_MODELS:-}" ]; then
+    mkdir -p /tmp/minfer-bench
+    for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
+        model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
+        [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
+            --weight-type "$weight_type" > /dev/null || exit 1
+        MODELS+=("$model")
+    done
+fi
 
-# bench TREE TYPE ROUND: one `minfer bench` of one tree, its result rows tagged with the tree and the round.
+# bench TREE MODEL ROUND: one `minfer bench` of one tree, its result rows tagged with the tree, the round and the
+# model's file name.
 bench() {
-    local tree=$1 weight_type=$2 round=$3 path=${PYTHONPATH:-}
+    local tree=$1 model=$2 round=$3 path=${PYTHONPATH:-}
     [ "$tree" = before ] && path=$BEFORE_PATH
     # shellcheck disable=SC2086 # MINFER_AB_ARGS is a list of flags
-    PYTHONPATH=$path "$PYTHON" -m minfer.cli bench -m "$MODELS/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf" \
-        --backend "$BACKEND" \
+    PYTHONPATH=$path "$PYTHON" -m minfer.cli bench -m "$model" --backend "$BACKEND" \
         ${MINFER_AB_ARGS:--p 512 -n 128} -r "${MINFER_AB_REPS:-10}" -o csv 2>> "$LOGS/bench-errors.log" \
-        | tail -n +2 | sed "s/^/$tree,$round,/"
+        | tail -n +2 | sed "s/^/$tree,$round,$(basename "$model"),/"
 }
 
 for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
-    for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
+    for model in "${MODELS[@]}"; do
         if [ $((round % 2)) = 1 ]; then order="after before"; else order="before after"; fi  # alternate who goes first
-        for tree in $order; do bench "$tree" "$weight_type" "$round"; done
+        for tree in $order; do bench "$tree" "$model" "$round"; done
     done
 done > "$LOGS/ab.csv"
 
@@ -85,10 +95,10 @@ import statistics
 import sys
 
 rows = list(csv.reader(open(sys.argv[1])))
-# bench -o csv's columns after the two tags: model_type is column 4, avg_ts 14, test 16 (llama-bench's order)
+# bench -o csv's columns after the three tags: avg_ts is column 14, test 16 (llama-bench's order)
 runs: dict[tuple[str, str], dict[str, list[float]]] = {}
-for tree, _round, *record in rows:
-    runs.setdefault((record[4], record[16]), {"before": [], "after": []})[tree].append(float(record[14]))
+for tree, _round, model, *record in rows:
+    runs.setdefault((model, record[16]), {"before": [], "after": []})[tree].append(float(record[14]))
 print(f"before = {sys.argv[2][:12]}, after = this tree; t/s per round, rounds alternating which tree goes first")
 print("| model | test | before | after | change |")
 print("| --- | ---: | --- | --- | ---: |")
