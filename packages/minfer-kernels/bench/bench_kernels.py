@@ -1,16 +1,21 @@
 """Time the kernels at Qwen2.5-0.5B's decode shapes: microseconds per launch and effective bandwidth; then
-at its prefill shapes (512 tokens): microseconds per launch and TFLOP/s.
+at its prefill shapes (512 tokens): microseconds per launch and TFLOP/s; then decode's products at
+Qwen2.5-0.5B's and Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
 
-    python packages/minfer-kernels/bench/bench_kernels.py
+    python packages/minfer-kernels/bench/bench_kernels.py [--dram]     (--dram: the last table alone)
 
-Each case is launched a few times to warm up, then N times between two CUDA events on one stream; the
-table shows the mean time per launch and the bytes the kernel must move divided by that time (weights
-and activations read, outputs written). Weight bytes are random: timing does not depend on the values.
-The H200 moves about 4.3 TB/s device to device; a decode-step kernel that reads 1 MB is launch-bound.
+Each case of the first two tables is launched a few times to warm up, then N times between two CUDA events on
+one stream; the table shows the mean time per launch and the bytes the kernel must move divided by that time
+(weights and activations read, outputs written). Their weights are few enough to stay in the L2 between
+launches. The DRAM table is a decode step's view: each launch reads its own copy of the weight, the copies
+together several times the L2, launched back to back in a replayed graph (overlapped, as in the step). Weight
+bytes are random: timing does not depend on the values. The H200 moves about 4.3 TB/s device to device; a
+decode-step kernel that reads 1 MB is launch-bound.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import numpy as np
@@ -88,8 +93,125 @@ def prefill_cases(
     return cases
 
 
+# A decode step's products per model: (hidden, ffn, heads, KV heads, head_dim, vocabulary, weight types).
+DECODE_MODELS = {
+    "qwen2.5-0.5b": (896, 4864, 14, 2, 64, 151936, ("Q4_0", "Q5_0", "Q8_0", "F16")),
+    "llama3.2-1b": (2048, 8192, 32, 8, 64, 128256, ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16")),
+}
+DRAM_BYTES = 512 << 20  # the copies of one weight together: ~10 times the H200's L2
+DRAM_REPLAYS = 5
+
+
+class DecodeBuffers:
+    """The activations, caches and tables of one model's decode products (their contents do not matter)."""
+
+    def __init__(self, rng: np.random.Generator, h: int, dims: tuple[int, ...]) -> None:
+        d, ffn, heads, kv_heads, head_dim, vocab = dims
+        self.d, self.ffn, self.heads, self.kv_heads, self.head_dim, self.vocab = dims
+        self.q_dim, self.kv_dim, self.n_ctx, self.h = heads * head_dim, kv_heads * head_dim, 4096, h
+
+        def floats(n: int) -> mk.DeviceBuffer:
+            return mk.upload(rng.standard_normal(n).astype(np.float32), h)
+
+        width = max(d, ffn, self.q_dim)
+        self.x, self.norm, self.act, self.q, self.y = (floats(width) for _ in range(5))
+        self.logits, self.caches = floats(vocab), floats(2 * self.n_ctx * self.kv_dim)
+        self.positions = mk.upload(np.array([1000], np.int32), h)
+        self.inv_freq = mk.upload(1e6 ** (-2.0 * np.arange(head_dim // 2) / head_dim), h)
+
+    def products(self, t: mk.GGMLType) -> list[tuple[str, int, int, Callable[[int], None]]]:
+        """(name, rows, in_features, launch(weight pointer)) of each product of a layer, and the head."""
+        d, ffn, q_dim, kv_dim, h = self.d, self.ffn, self.q_dim, self.kv_dim, self.h
+        row = mk.row_bytes(t, d)
+
+        def qkv(w: int) -> None:
+            kernels.gemv_qkv_rope_store(
+                w, t, w + row * q_dim, t, w + row * (q_dim + kv_dim), t, self.x.ptr, self.norm.ptr, 1e-6,
+                None, None, None, self.q.ptr, self.caches.ptr, self.caches.ptr + 4 * self.n_ctx * kv_dim,
+                self.positions.ptr, d, self.heads, self.kv_heads, self.head_dim, self.head_dim, self.inv_freq.ptr,
+                1.0, kernels.ROPE_NEOX, self.n_ctx, h,
+            )  # fmt: skip
+
+        def attn_output(w: int) -> None:
+            kernels.gemv(w, t, self.q.ptr, None, 1e-6, self.y.ptr, self.y.ptr, q_dim, d, h)
+
+        def gate_up(w: int) -> None:
+            kernels.gemv_swiglu(w, w + row * ffn, t, self.x.ptr, self.norm.ptr, 1e-6, self.act.ptr, d, ffn, h)
+
+        def ffn_down(w: int) -> None:
+            kernels.gemv(w, t, self.act.ptr, None, 1e-6, self.y.ptr, self.y.ptr, ffn, d, h)
+
+        def head(w: int) -> None:
+            kernels.gemv(w, t, self.x.ptr, self.norm.ptr, 1e-6, None, self.logits.ptr, d, self.vocab, h)
+
+        return [
+            ("qkv", q_dim + 2 * kv_dim, d, qkv),
+            ("attn_output", d, q_dim, attn_output),
+            ("gate|up", 2 * ffn, d, gate_up),
+            ("ffn_down", d, ffn, ffn_down),
+            ("output head", self.vocab, d, head),
+        ]
+
+
+def time_dram_product(
+    launch: Callable[[int], None], weight_bytes: int, path: str, rng: np.random.Generator, h: int
+) -> float:
+    """Microseconds per launch of `launch` over copies of a random weight that together fill DRAM_BYTES, each
+    launch its own copy, in one captured graph replayed DRAM_REPLAYS times; `path` the kernel it may take."""
+    n_copies = min(256, max(2, -(-DRAM_BYTES // weight_bytes)))
+    stride = -(-weight_bytes // 256) * 256  # each copy 256-byte aligned
+    copies = mk.DeviceBuffer(stride * n_copies)
+    first = mk.upload(rng.integers(0, 256, weight_bytes, dtype=np.uint8), h)
+    for i in range(n_copies):
+        mk.copy_d2d(copies.ptr + i * stride, first.ptr, weight_bytes, h)
+    previous = mk.set_int8_gemv(path == "int8")
+    try:
+        mk.begin_capture(h)
+        for i in range(n_copies):
+            launch(copies.ptr + i * stride)
+        graph = mk.end_capture(h)
+    finally:
+        mk.set_int8_gemv(previous)
+    for _ in range(2):
+        graph.launch(h)
+    start, end = mk.Event(), mk.Event()
+    start.record(h)
+    for _ in range(DRAM_REPLAYS):
+        graph.launch(h)
+    end.record(h)
+    end.synchronize()
+    return start.elapsed_ms(end) * 1000.0 / (DRAM_REPLAYS * n_copies)
+
+
+def dram_table(rng: np.random.Generator, stream: mk.Stream) -> None:
+    """Each product of a decode step with its weight in DRAM, on each one-token kernel that reads its type."""
+    h = stream.handle
+    print(f"\n{'decode product, weights in DRAM':52s} {'path':>10s} {'us/launch':>10s} {'GB/s':>8s}")
+    for model, (*dims, types) in DECODE_MODELS.items():
+        buffers = DecodeBuffers(rng, h, tuple(dims))
+        for type_name in types:
+            t = mk.GGMLType[type_name]
+            for name, rows, in_features, launch in buffers.products(t):
+                weight_bytes = mk.row_bytes(t, in_features) * rows
+                for path in ("cuda_cores", "int8") if t in INT8_TYPES else ("cuda_cores",):
+                    us = time_dram_product(launch, weight_bytes, path, rng, h)
+                    label = f"{model} {name} {type_name} {in_features}->{rows}"
+                    print(f"{label:52s} {path:>10s} {us:10.2f} {weight_bytes / us / 1e3:8.1f}")
+    mk.sync(h)
+
+
+# The types the one-token launchers may take to the integer tensor cores (gemv_int8.cu).
+INT8_TYPES = {t for t in mk.GGMLType if t.name not in ("F32", "F16", "BF16")}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dram", action="store_true", help="the DRAM table of decode's products alone")
+    args = parser.parse_args()
     rng = np.random.default_rng(0)
+    if args.dram:
+        dram_table(rng, mk.Stream())
+        return
     stream = mk.Stream()
     h = stream.handle
     keep: list[mk.DeviceBuffer] = []
@@ -210,6 +332,7 @@ def main() -> None:
         us = time_per_launch_us(launch, stream)
         print(f"{name:52s} {us:10.2f} {flops / us / 1e6:8.1f}")
     mk.sync(h)
+    dram_table(rng, stream)
 
 
 if __name__ == "__main__":

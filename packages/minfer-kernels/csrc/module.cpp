@@ -97,6 +97,10 @@ void bind_runtime(nb::module_& m) {
     m.def("set_device", &minfer::set_device, "index"_a, "Make `index` this thread's current device.");
     m.def("mem_info", &minfer::mem_info, "(free, total) bytes of the current device.");
     m.def("latched_errors", &minfer::latched_error_count, "How many latched errors this process observed.");
+    m.def("int8_gemv", &minfer::int8_gemv, "Whether the one-token GEMVs may take the integer tensor cores.");
+    m.def("set_int8_gemv", &minfer::set_int8_gemv, "enabled"_a,
+          "Let the one-token GEMVs take the integer tensor cores (True) or keep them on the CUDA cores; returns "
+          "the setting before. MINFER_NO_INT8_GEMV=1 starts a process with it off.");
     m.def(
         "sync",
         [](std::uintptr_t stream) {
@@ -288,10 +292,11 @@ void bind_kernels(nb::module_& k) {
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv_int8", launch_gemv_int8,
-                    "gemv's function on the integer tensor cores (gemv takes this path itself for outputs of many rows "
-                    "where the weight allows: gemv.cu MANY_ROWS): x times the norm weight in three int8 parts per 32-value block, W of type Q4_0, Q4_1, "
-                    "Q5_0, Q5_1, Q8_0 or IQ4_NL, 16-byte aligned, staged through shared memory by the copy engine; refused on "
-                    "GPUs older than sm_90.",
+                    "gemv's function on the integer tensor cores (gemv and the fused one-token launchers take this "
+                    "path themselves where it reads the weights, unless set_int8_gemv(False)): x times the norm "
+                    "weight in three int8 parts per 32-value block; W of type Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, "
+                    "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS, 16-byte aligned, staged through shared memory by the copy "
+                    "engine; refused on GPUs older than sm_90.",
                     "weight"_a, "type"_a, "x"_a, "norm_weight"_a, "eps"_a, "residual"_a, "y"_a, "in_features"_a,
                     "out_features"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv_swiglu", launch_gemv_swiglu,

@@ -16,6 +16,8 @@
 extern "C" cudaError_t minfer_refuse(const char* reason);
 extern "C" bool minfer_programmatic_launch();
 extern "C" int minfer_compute_capability();
+extern "C" bool minfer_int8_gemv();
+extern "C" bool minfer_set_int8_gemv(bool enabled);
 
 namespace minfer {
 namespace {
@@ -359,6 +361,34 @@ extern "C" int minfer_compute_capability() {
     }
     return known > 0 ? known : 0;
 }
+
+// MINFER_NO_INT8_GEMV sets the start; minfer_set_int8_gemv changes it (a process-wide switch, as the env is).
+namespace {
+std::atomic<int> int8_gemv_setting{-1};  // -1: not read yet, 0 off, 1 on
+}  // namespace
+
+extern "C" bool minfer_int8_gemv() {
+    int setting = int8_gemv_setting.load(std::memory_order_relaxed);
+    if (setting < 0) {
+        const char* off = std::getenv("MINFER_NO_INT8_GEMV");
+        setting = off != nullptr && off[0] != '\0' && std::string(off) != "0" ? 0 : 1;
+        int expected = -1;
+        int8_gemv_setting.compare_exchange_strong(expected, setting, std::memory_order_relaxed);
+        setting = int8_gemv_setting.load(std::memory_order_relaxed);
+    }
+    return setting == 1;
+}
+
+extern "C" bool minfer_set_int8_gemv(bool enabled) {
+    const bool previous = minfer_int8_gemv();
+    int8_gemv_setting.store(enabled ? 1 : 0, std::memory_order_relaxed);
+    return previous;
+}
+
+namespace minfer {
+bool int8_gemv() { return minfer_int8_gemv(); }
+bool set_int8_gemv(bool enabled) { return minfer_set_int8_gemv(enabled); }
+}  // namespace minfer
 
 // MINFER_NO_PDL, read once, only exists to measure the difference (docs/PERFORMANCE.md).
 extern "C" bool minfer_programmatic_launch() {

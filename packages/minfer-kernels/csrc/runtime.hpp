@@ -38,6 +38,12 @@ void check_launch(cudaError_t err, const char* launcher);
 void sync(cudaStream_t stream);
 // How many latched errors have been observed in this process.
 long long latched_error_count();
+
+// --- Kernel paths ----------------------------------------------------------------------------------
+// Whether the one-token GEMVs may run on the integer tensor cores (kernels/gemv_int8.cu) for this process;
+// set_int8_gemv returns the setting it replaces.
+bool int8_gemv();
+bool set_int8_gemv(bool enabled);
 // Refuses (with a CudaFailure, before any CUDA call) an operation that synchronizes while this thread
 // is capturing a graph: a sync inside a capture window would invalidate the capture.
 void refuse_inside_capture(const char* what);

@@ -71,6 +71,9 @@ def weights(ggml_type: mk.GGMLType, rows: int, n: int) -> tuple[np.ndarray, np.n
 
 
 def case_id(value) -> str:
+    """A test id part: a type's name, the names of a tuple of types joined, or the value."""
+    if isinstance(value, tuple):
+        return "-".join(case_id(v) for v in value)
     return getattr(value, "name", None) or str(value)
 
 

@@ -1,4 +1,6 @@
-"""One-token GEMVs with their fused prologue and epilogues (gemv.cu), against numpy float64.
+"""One-token GEMVs with their fused prologue and epilogues, against numpy float64, on both of their kernels:
+gemv.cu's on the CUDA cores and gemv_int8.cu's on the integer tensor cores (sm_90+, the quantized types), which
+the launchers take wherever it reads the weights (the `path` parameter: mk.set_int8_gemv).
 
 Weights are random, quantized with gguf.quants.quantize (random valid blocks for the types it cannot
 encode, kernel_testing.random_blocks); the reference multiplies gguf.quants.dequantize of the same bytes in
@@ -13,10 +15,11 @@ written and every other row left bit for bit as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from kernel_testing import (
-    BLOCK_TYPES,
     SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
@@ -32,7 +35,7 @@ from kernel_testing import (
     silu,
     to_device,
 )
-from test_kernels_embed_matmul import MATMUL_RTOL, weights
+from test_kernels_embed_matmul import MATMUL_RTOL, case_id, weights
 
 import minfer_kernels as mk
 from minfer_kernels import kernels
@@ -45,15 +48,52 @@ ALL_TYPES = list(mk.GGMLType)
 FLOATS = (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16)
 QUANTIZED = [t for t in ALL_TYPES if t not in FLOATS]
 
+requires_sm90 = pytest.mark.skipif(
+    mk.device_count() == 0 or mk.devices()[0].compute_capability < (9, 0),
+    reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
+)
+
+# gemv_int8.cu reads the quantized types; the float types have gemv.cu's kernel alone.
+INT8_TYPES = tuple(QUANTIZED)
+
+
+def with_paths(cases: list, types_of: Callable[[tuple], tuple]) -> list:
+    """Each case once per setting of the launchers' choice, the setting last (the `path` fixture's parameter):
+    the CUDA cores alone, and (sm_90+, where gemv_int8.cu reads every type of the case) the integer tensor cores
+    allowed, which gemv and gemv_swiglu/geglu take for outputs of many rows (gemv_int8_prefers)."""
+    params = []
+    for case in cases:
+        params.append(pytest.param(*case, "cuda_cores"))
+        if all(t in INT8_TYPES for t in types_of(case)):
+            params.append(pytest.param(*case, "int8", marks=requires_sm90))
+    return params
+
+
+@pytest.fixture
+def path(request):
+    """Sets which kernel the one-token launchers may take for the test (`path` parametrized by the test), and
+    puts the process's setting back after it."""
+    previous = mk.set_int8_gemv(request.param == "int8")
+    yield request.param
+    mk.set_int8_gemv(previous)
+
+
 # (in_features, out_features): one block (32), a partial last warp step (896 = 3.5 steps of 256), a row
 # split over several warps (4864), the vocabulary (151936 rows, 4 per warp; narrow rows, as in the
 # matmul tests, whose cached weights these share), an odd row count on either side of 16384.
 SHAPES = [(32, 1), (896, 33), (896, 4864), (4864, 896), (128, 151936), (1024, 4097), (64, 16411)]
 # The same situations in whole super-blocks: one, split rows, an odd count past 16384.
 SUPER_BLOCK_SHAPES = [(256, 1), (4864, 896), (1024, 4097), (512, 16411)]
+# Rows the tensor-core path stages in slices: Llama-3.2-1B's ffn_down (8192 values), and rows whose bytes are no
+# multiple of 16 (Qwen2.5-0.5B's 896: Q4_0's 504 bytes; Q6_K's 210-byte super-blocks) that its copies widen.
+INT8_SHAPES = [(8192, 40), (896, 300)]
+INT8_SUPER_BLOCK_SHAPES = [(8192, 40), (4864, 70)]
 TYPE_SHAPES = [
     (t, shape) for t in ALL_TYPES for shape in (SUPER_BLOCK_SHAPES if t in SUPER_BLOCK_TYPES else SHAPES)
+] + [
+    (t, shape) for t in INT8_TYPES for shape in (INT8_SUPER_BLOCK_SHAPES if t in SUPER_BLOCK_TYPES else INT8_SHAPES)
 ]  # fmt: skip
+TYPE_SHAPE_PATHS = with_paths(TYPE_SHAPES, lambda case: case[:1])
 
 
 def width(ggml_type: mk.GGMLType) -> int:
@@ -83,13 +123,15 @@ def check_gemv(launcher, rng, stream, dev, ggml_type, shape, norm) -> None:
 
 
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
-@pytest.mark.parametrize(("ggml_type", "shape"), TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
-def test_gemv(rng, stream, dev, ggml_type, shape, norm):
+@pytest.mark.parametrize(("ggml_type", "shape", "path"), TYPE_SHAPE_PATHS, ids=case_id, indirect=["path"])
+def test_gemv(rng, stream, dev, ggml_type, shape, path, norm):
     check_gemv(kernels.gemv, rng, stream, dev, ggml_type, shape, norm)
 
 
-@pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
-def test_gemv_adds_the_residual_in_place(rng, stream, dev, ggml_type):
+@pytest.mark.parametrize(
+    ("ggml_type", "path"), with_paths([(t,) for t in QUANTIZED], lambda case: case), ids=case_id, indirect=["path"]
+)
+def test_gemv_adds_the_residual_in_place(rng, stream, dev, ggml_type, path):
     raw, values = random_weights(rng, 896, 4864, ggml_type, scale=0.5)
     x, residual = randn(rng, 4864), randn(rng, 896, scale=3.0)
     y = to_device(residual, stream)  # y is the residual: the add happens in place
@@ -128,10 +170,12 @@ def test_gemv_by_name_with_none_for_the_absent_pointers(rng, stream, dev):
 GATED = [(kernels.gemv_swiglu, silu, 1.1), (kernels.gemv_geglu, gelu_tanh, 1.13)]
 
 
-@pytest.mark.parametrize("d_ff", [1, 33, 4864])
-@pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("d_ff", [1, 33, 4864, 8195])  # 8195: 16390 rows, on the tensor cores where allowed
+@pytest.mark.parametrize(
+    ("ggml_type", "path"), with_paths([(t,) for t in ALL_TYPES], lambda case: case), ids=case_id, indirect=["path"]
+)
 @pytest.mark.parametrize(("launcher", "activation", "slope"), GATED, ids=["swiglu", "geglu"])
-def test_gemv_gated(rng, stream, dev, launcher, activation, slope, ggml_type, d_ff):
+def test_gemv_gated(rng, stream, dev, launcher, activation, slope, ggml_type, path, d_ff):
     d = width(ggml_type)
     (gate_raw, gate_values), (up_raw, up_values) = (
         random_weights(rng, d_ff, d, ggml_type, scale=0.05) for _ in range(2)
@@ -148,24 +192,21 @@ def test_gemv_gated(rng, stream, dev, launcher, activation, slope, ggml_type, d_
     assert_close(got, expected, NORM_RTOL, scale=scale, what=f"{launcher.__name__} {ggml_type.name}")
 
 
-requires_sm90 = pytest.mark.skipif(
-    mk.device_count() == 0 or mk.devices()[0].compute_capability < (9, 0),
-    reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
-)
-
-
-# (in_features, out_features): rows short of one 32-row chunk, chunks and a partial last one (SmolLM2's
-# width), Qwen2.5-0.5B's width, a last chunk of one row. Each last chunk's bytes are not a multiple of 16,
-# so the copy engine brings all but their last few bytes.
-INT8_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129)]
-# The same in whole super-blocks, for Q6_K: one, Qwen3-0.6B's and Llama-3.2-1B's widths, a partial chunk.
-INT8_SUPER_BLOCK_SHAPES = [(256, 5), (1024, 16411), (2048, 300), (512, 129)]
-# gemv_int8 reads the 32-value block formats (BLOCK_TYPES) and Q6_K (the K-quant presets' output head):
-# launch_gemv sends them there for outputs of many rows.
-INT8_TYPES = (*BLOCK_TYPES, mk.GGMLType.Q6_K)
+# (in_features, out_features) for gemv_int8 alone: rows short of one 16-row tile, chunks of two tiles and a
+# partial last one (SmolLM2's width), Qwen2.5-0.5B's width, a last chunk of one row; each row's bytes no multiple
+# of 16, so the copies widen every slice to whole 16-byte units (and copy the tensor's last few bytes by hand).
+INT8_ONLY_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129)]
+# The same in whole super-blocks: one, Qwen3-0.6B's and Llama-3.2-1B's widths, a partial chunk.
+INT8_ONLY_SUPER_BLOCK_SHAPES = [(256, 5), (1024, 16411), (2048, 300), (512, 129)]
 INT8_TYPE_SHAPES = [
-    (t, shape) for t in INT8_TYPES for shape in (INT8_SUPER_BLOCK_SHAPES if t in SUPER_BLOCK_TYPES else INT8_SHAPES)
-]  # fmt: skip
+    (t, shape)
+    for t in INT8_TYPES
+    for shape in (
+        [*INT8_ONLY_SUPER_BLOCK_SHAPES, *INT8_SUPER_BLOCK_SHAPES]
+        if t in SUPER_BLOCK_TYPES
+        else [*INT8_ONLY_SHAPES, *INT8_SHAPES]
+    )
+]
 
 
 @requires_sm90
@@ -212,16 +253,22 @@ def test_gemv_int8_refuses_what_it_cannot_read(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
     for other in (t for t in ALL_TYPES if t not in INT8_TYPES):
-        with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q5_1, Q8_0, IQ4_NL or Q6_K"):
+        with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*Q5_K, Q6_K or IQ4_XS"):
             kernels.gemv_int8(p, other, p, 0, EPS, 0, p, 256, 4, h)
-    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*blocks of 32"):
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*whole 32-value blocks"):
         kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 48, 4, h)
-    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*super-blocks of 256 for Q6_K"):
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*whole 256-value super-blocks"):
         kernels.gemv_int8(p, mk.GGMLType.Q6_K, p, 0, EPS, 0, p, 128, 4, h)
-    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*fit shared memory"):
-        kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 32 * 1024, 4, h)
+    with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*fitting shared memory"):
+        kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 64 * 1024, 4, h)  # x alone: 250 KB
     with pytest.raises(ValueError, match=r"launch_gemv_int8 refused .*16-byte aligned"):
         kernels.gemv_int8(p + 2, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 64, 4, h)
+    previous = mk.set_int8_gemv(False)  # the process's switch off: the path refuses every launch
+    try:
+        with pytest.raises(ValueError, match=r"launch_gemv_int8 refused"):
+            kernels.gemv_int8(p, mk.GGMLType.Q8_0, p, 0, EPS, 0, p, 64, 4, h)
+    finally:
+        mk.set_int8_gemv(previous)
 
 
 def test_gemv_of_many_rows_reads_weights_the_copy_engine_cannot(rng, stream, dev):
@@ -273,7 +320,7 @@ QKV_TYPES = (
 @pytest.mark.parametrize(
     ("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias", "scaled"), QKV_CASES
 )
-@pytest.mark.parametrize("types", QKV_TYPES, ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize("types", QKV_TYPES, ids=case_id)
 def test_gemv_qkv_rope_store(
     rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled
 ):

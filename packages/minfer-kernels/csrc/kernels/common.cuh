@@ -94,6 +94,11 @@ extern "C" int minfer_compute_capability();
 // csrc/runtime.cpp.
 extern "C" bool minfer_programmatic_launch();
 
+// Whether the one-token GEMVs may take the integer tensor cores (gemv_int8.cu) where they read the weights:
+// MINFER_NO_INT8_GEMV unset or "0" at start, or what minfer_set_int8_gemv set since (the tests' way to the
+// CUDA-core kernels on a GPU that has the other path). Defined in csrc/runtime.cpp.
+extern "C" bool minfer_int8_gemv();
+
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the previous kernel on the
 // stream (see wait_for_previous_kernel). Returns cudaGetLastError(), as every launcher does.
 template <typename... KernelArgs, typename... Args>

@@ -41,6 +41,10 @@
 // Launches are overlapped (common.cuh: launch_overlapped): before waiting for the previous kernel, a
 // group prefetches its rows of W into L2 (weights do not depend on it); after the wait only L2 hits and
 // x remain.
+//
+// Every launcher first offers its launch to gemv_int8.cu (int8_launch): on sm_90+ the products with outputs of
+// many rows (the output head, a 1B model's gate|up) in a quantized format run there, on the integer tensor
+// cores, with the same epilogue (gemv_epilogues.cuh); everything else runs here.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -49,9 +53,9 @@
 #include <utility>
 
 #include "common.cuh"
+#include "gemv_epilogues.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
-#include "rope.cuh"
 
 namespace minfer {
 namespace {
@@ -706,186 +710,6 @@ __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in,
     }
 }
 
-// ---- Epilogues ---------------------------------------------------------------------------------------------
-//
-// Each says how many groups there are, which ROWS rows of which weight group g reads (row(g, k): always a
-// valid row, so no lane needs a bounds check), their row length (and, for a launch of mixed types, their
-// type), and what becomes of their dot
-// products: prepare (run by the finishing thread right after the wait for the previous kernel: the
-// epilogue's own loads) and finish (run by that thread with the group's sums).
-
-// A weight as the kernels get it: GGUF bytes, type, rows of row_bytes bytes.
-struct WeightPart {
-    const std::uint8_t* data;
-    long long row_bytes;
-    int type;
-    int n_rows;
-    __device__ const std::uint8_t* row(int r) const { return data + std::size_t(min(r, n_rows - 1)) * row_bytes; }
-};
-
-// y[row] = (W x)[row] (+ residual[row]) for ROWS consecutive rows. y may be residual itself (the add in
-// place): each element is read and then written by the same thread, so neither pointer is __restrict__.
-// Whether there is a residual is compiled in, so the output head (none) holds no registers for one.
-template <int ROWS_PER_GROUP, bool ADD_RESIDUAL>
-struct StoreRows {
-    static constexpr int ROWS = ROWS_PER_GROUP;
-    WeightPart weight;
-    float* y;
-    const float* residual;  // read only when ADD_RESIDUAL
-    int n_groups;
-
-    __device__ long long row_bytes(int) const { return weight.row_bytes; }
-    __device__ const std::uint8_t* row(int group, int k) const { return weight.row(group * ROWS + k); }
-
-    struct Prepared {
-        float residual[ADD_RESIDUAL ? ROWS : 1];
-    };
-    __device__ Prepared prepare(int group) const {
-        Prepared prepared{};
-        if constexpr (ADD_RESIDUAL) {
-#pragma unroll
-            for (int k = 0; k < ROWS; ++k) prepared.residual[k] = residual[min(group * ROWS + k, weight.n_rows - 1)];
-        }
-        return prepared;
-    }
-    __device__ void finish(int group, const float (&sums)[ROWS], const Prepared& prepared) const {
-#pragma unroll
-        for (int k = 0; k < ROWS; ++k) {
-            const int row = group * ROWS + k;
-            if (row >= weight.n_rows) continue;
-            if constexpr (ADD_RESIDUAL) {
-                y[row] = prepared.residual[k] + sums[k];
-            } else {
-                y[row] = sums[k];
-            }
-        }
-    }
-};
-
-// The activation of a gated FFN's gate: SwiGLU's silu, GeGLU's tanh GELU (Gemma; common.cuh has both).
-enum class GateActivation { SILU, GELU_TANH };
-
-// out[i] = act(gate_i) * up_i, from row i of the gate weight and row i of the up weight (one type,
-// checked at launch): gemv_swiglu (act silu) and gemv_geglu (act the tanh GELU). A group takes OUTPUTS
-// consecutive outputs: their gate rows, then their up rows (two outputs per warp keep the 4864 warps of
-// Qwen2.5-0.5B's FFN inside one wave of resident warps).
-template <GateActivation ACTIVATION>
-struct GemvGated {
-    static constexpr int OUTPUTS = 2;
-    static constexpr int ROWS = 2 * OUTPUTS;
-    WeightPart gate, up;
-    float* out;
-    int n_groups;
-
-    __device__ long long row_bytes(int) const { return gate.row_bytes; }
-    __device__ const std::uint8_t* row(int group, int k) const {
-        const int output = group * OUTPUTS + k % OUTPUTS;
-        return k < OUTPUTS ? gate.row(output) : up.row(output);
-    }
-    struct Prepared {};
-    __device__ Prepared prepare(int) const { return {}; }
-    __device__ void finish(int group, const float (&sums)[ROWS], const Prepared&) const {
-#pragma unroll
-        for (int o = 0; o < OUTPUTS; ++o) {
-            const int output = group * OUTPUTS + o;
-            if (output < gate.n_rows) out[output] = activate(sums[o]) * sums[OUTPUTS + o];
-        }
-    }
-    __device__ static float activate(float gate_sum) {
-        if constexpr (ACTIVATION == GateActivation::SILU) {
-            return silu(gate_sum);
-        } else {
-            return gelu_tanh(gate_sum);
-        }
-    }
-};
-
-// The attention projections of one token: Wq, Wk and Wv (n_heads, n_kv_heads and n_kv_heads heads of
-// head_dim rows; each its own type). Group g is one pair of dimensions of one head, counting q heads, then
-// k heads, then v heads: the two dimensions RoPE rotates together (rope.cuh) for q and k, two adjacent
-// ones for v. Its epilogue adds the biases, rotates q and k pairs by the position, and writes q to `q`, k
-// and v to row `position` of the caches. With n_rot 0 no pair is rotated: a family that norms each head of q
-// and k before RoPE (Qwen3, Gemma 3) has head_norm_rope_f32 (rope.cu) norm and rotate them afterwards, q in
-// place and k in its cache row. The position is read from device memory, so a captured graph serves every
-// step; one outside the cache would write another buffer's memory, so the kernel traps.
-struct GemvQkvRopeStore {
-    static constexpr int ROWS = 2;
-    WeightPart q_weight, k_weight, v_weight;
-    const float* q_bias;  // each nullptr or [rows of its weight]
-    const float* k_bias;
-    const float* v_bias;
-    float* q;             // [n_heads * head_dim]
-    float* k_cache;       // [n_ctx][n_kv_heads * head_dim]
-    float* v_cache;
-    const int* positions;  // positions[0]: where this token's k and v go
-    int n_heads, n_kv_heads, head_dim, n_rot, mode, n_ctx;
-    const double* inv_freq;  // [n_rot / 2] pair frequencies (rope.cuh)
-    float mscale;            // the factor on the rotation's cos and sin
-    int n_groups;
-
-    // Picked by value with selects: indexing an array of kernel parameters would copy it to local memory.
-    __device__ WeightPart weight(int part) const { return part == 0 ? q_weight : (part == 1 ? k_weight : v_weight); }
-    __device__ const float* bias(int part) const { return part == 0 ? q_bias : (part == 1 ? k_bias : v_bias); }
-
-    struct Pair {
-        int part;                   // 0 q, 1 k, 2 v
-        int first_row, second_row;  // rows of that part
-        int rope_pair;              // the RoPE pair index p, or -1 for a pair that is not rotated
-    };
-
-    __device__ Pair pair(int group) const {
-        const int pairs_per_head = head_dim / 2;
-        int head = group / pairs_per_head;
-        const int p = group % pairs_per_head;
-        const int part = head < n_heads ? 0 : (head < n_heads + n_kv_heads ? 1 : 2);
-        head -= part == 0 ? 0 : (part == 1 ? n_heads : n_heads + n_kv_heads);
-        const bool rotated = part < 2 && p < n_rot / 2;
-        const bool neox = rotated && mode == ROPE_NEOX;
-        const int first = neox ? p : 2 * p;
-        const int second = neox ? p + n_rot / 2 : 2 * p + 1;
-        return {part, head * head_dim + first, head * head_dim + second, rotated ? p : -1};
-    }
-
-    __device__ int type(int group) const { return weight(pair(group).part).type; }
-    __device__ long long row_bytes(int group) const { return weight(pair(group).part).row_bytes; }
-    __device__ const std::uint8_t* row(int group, int k) const {
-        const Pair rows = pair(group);
-        return weight(rows.part).row(k == 0 ? rows.first_row : rows.second_row);
-    }
-
-    struct Prepared {
-        int position;
-        float bias_first, bias_second;
-        double frequency;  // the pair's inv_freq; the angle itself is computed in finish
-    };
-    __device__ Prepared prepare(int group) const {
-        const Pair rows = pair(group);
-        // Loads only, all independent and issued before the position is checked (the compiler moves no
-        // load across a trap): one round trip to memory. The angle waits for finish: computed here, its
-        // float and double temporaries stayed live across the whole reduction and spilled (ptxas: 16
-        // bytes of stack, +0.6 us per launch for Q4_0 on the H200).
-        Prepared prepared{};
-        prepared.position = positions[0];
-        if (const float* part_bias = bias(rows.part)) {
-            prepared.bias_first = part_bias[rows.first_row];
-            prepared.bias_second = part_bias[rows.second_row];
-        }
-        if (rows.rope_pair >= 0) prepared.frequency = inv_freq[rows.rope_pair];
-        if (prepared.position < 0 || prepared.position >= n_ctx) __trap();
-        return prepared;
-    }
-
-    __device__ void finish(int group, const float (&sums)[ROWS], const Prepared& prepared) const {
-        const Pair rows = pair(group);
-        float a = sums[0] + prepared.bias_first, b = sums[1] + prepared.bias_second;
-        if (rows.rope_pair >= 0) rope_rotate(a, b, rope_angle(prepared.position, prepared.frequency, mscale));
-        const std::size_t kv_row = std::size_t(prepared.position) * n_kv_heads * head_dim;
-        float* target = rows.part == 0 ? q : (rows.part == 1 ? k_cache + kv_row : v_cache + kv_row);
-        target[rows.first_row] = a;
-        target[rows.second_row] = b;
-    }
-};
-
 // ---- Launch ------------------------------------------------------------------------------------------------
 
 template <class Format, class Epilogue>
@@ -977,6 +801,15 @@ WeightPart weight_part(const void* weight, int type, int in_features, int n_rows
     return {static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), type, n_rows};
 }
 
+// A launch that gemv_int8.cu prefers (sm_90+, its types, 16-byte aligned weights, rows of whole blocks, and
+// rows enough for every SM) runs there, on the integer tensor cores: true, with the launch's result.
+template <class Epilogue>
+bool int8_launch(const Epilogue& epilogue, const GemvInput& in, cudaStream_t stream, cudaError_t& result) {
+    if (!gemv_int8_prefers(epilogue, in.in_features)) return false;
+    result = launch_gemv_int8_epilogue(epilogue, in.x, in.norm_weight, in.eps, in.in_features, stream);
+    return true;
+}
+
 // The gate/up launchers, gemv_swiglu and gemv_geglu: one kernel each, differing in the gate's activation.
 template <GateActivation ACTIVATION>
 cudaError_t launch_gated(const void* gate, const void* up, int type, const float* x, const float* norm_weight,
@@ -989,11 +822,13 @@ cudaError_t launch_gated(const void* gate, const void* up, int type, const float
     using Epilogue = GemvGated<ACTIVATION>;
     const Epilogue epilogue{weight_part(gate, type, in_features, d_ff), weight_part(up, type, in_features, d_ff), out,
                             ceil_div(d_ff, Epilogue::OUTPUTS)};
+    cudaError_t result = cudaSuccess;
+    if (int8_launch(epilogue, in, stream, result)) return result;
     return launch_epilogue(type, in, epilogue, stream);
 }
 
-// Output heads (151936 rows): on the integer tensor cores where gemv_int8.cu reads the type, else 4 rows per
-// group here (the activations a lane loads serve 4 rows).
+// Output heads (151936 rows) that gemv_int8.cu does not take: 4 rows per group (the activations a lane loads
+// serve 4 rows).
 constexpr int MANY_ROWS = 16384;
 
 }  // namespace
@@ -1007,10 +842,12 @@ extern "C" cudaError_t launch_gemv(const void* weight, int type, const float* x,
     if (const char* reason = weight_refusal(type, weight, in_features)) return minfer_refuse(reason);
     if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
-    if (out_features >= MANY_ROWS && minfer_gemv_int8_takes(type, weight, in_features))
-        return launch_gemv_int8(weight, type, x, norm_weight, eps, residual, y, in_features, out_features, stream);
     const GemvInput in{x, norm_weight, eps, in_features, 1};
     const WeightPart part = weight_part(weight, type, in_features, out_features);
+    cudaError_t result = cudaSuccess;
+    if (residual != nullptr ? int8_launch(StoreRows<1, true>{part, y, residual, out_features}, in, stream, result)
+                            : int8_launch(StoreRows<1, false>{part, y, nullptr, out_features}, in, stream, result))
+        return result;
     // Rows split over warps (ffn_down) take 2 rows per group, so its 896 rows still make few enough blocks
     // for one wave; short rows take 1 row per warp, except the output head's 4.
     const int rows = ceil_div(in_features, STEP_VALUES) > STEPS_PER_WARP ? 2 : (out_features >= MANY_ROWS ? 4 : 1);

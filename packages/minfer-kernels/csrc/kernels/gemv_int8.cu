@@ -1,25 +1,25 @@
-// One-token GEMVs over many rows, the output head above all (151936 rows for Qwen2.5-0.5B's vocabulary), on
-// the integer tensor cores, with the weights staged through shared memory by the copy engine (sm_90):
+// One-token GEMVs on the integer tensor cores, with the weights staged through shared memory by the copy
+// engine (sm_90): the products of a decode step with outputs of many rows (the output head, a 1B model's
+// gate|up) whose weights are in a quantized format, with gemv.cu's epilogues (gemv_epilogues.cuh):
 //
-//     y = W norm(x) (+ residual)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL or Q6_K; norm: RMSNorm with its
-//                                     weight, or nothing
+//     y = W norm(x)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS;
+//                        norm: RMSNorm with its weight, or nothing
+//     then the epilogue: store y (plus a residual: StoreRows<1, *>), or SwiGLU or GeGLU of a gate/up pair
+//     (GemvGated)
 //
-// launch_gemv (gemv.cu) sends its launches here when the output has at least MANY_ROWS rows and the GPU
-// has what this kernel needs (minfer_gemv_int8_takes); it computes the same function as gemv.cu's kernel.
+// gemv.cu's launchers send a launch here when gemv_int8_prefers it; the result is the same function.
 //
-// Why. gemv.cu reads each lane's few bytes of a block with 2-byte loads (the 18-, 22- and 34-byte blocks
-// allow no wider ones) and decodes every weight to float32 for the CUDA cores: at the head's 136 million
-// weights it moves 1.3 TB/s (Q4_0) to 2.2 TB/s (Q8_0), where an F16 head, read with 16-byte loads and no
-// decoding, streams at 3.9 TB/s. Here, a block of WARPS warps has the copy engine bring CHUNK_ROWS whole rows
-// at a time into shared memory (cp.async.bulk: one contiguous stretch of the tensor, no registers held,
-// STAGES chunks in flight), and multiplies them on the integer tensor cores: a 32-value block of 16 rows is
-// one mma.sync.m16n8k32 (int8 times int8, int32 sums) whose A operand is the block's quants as they are
-// stored, after at most a mask and a shift per 8 values (IQ4_NL's: the int8 levels its nibbles index, looked
-// up with byte permutes). Q6_K, the output head llama-quantize gives every K-quant preset where the rows are
-// whole super-blocks, is a 32-value block too once its halves are apart: each 16 values have their own scale,
-// so a block is two MMAs, each with the other half's quants zeroed (HALF_SCALES), and its 6-bit q - 32 is an
-// int8 after a bit flip and a sign extension. The other super-block formats (Q2_K .. Q5_K, IQ4_XS) stay on
-// gemv.cu's kernel: their mins have no place in this product, and their heads are rare.
+// Why. A one-token product reads each weight once, so its time is the time to stream W. gemv.cu's warps
+// load their own few bytes of each block (2-byte loads: the 18-, 22- and 34-byte blocks allow no wider) and
+// decode every weight to float32 for the CUDA cores: on a large product it is issue-bound (from DRAM, a Q4_0
+// head streams at 1.1-1.3 TB/s where an F16 one, 16-byte loads and no decoding, reaches 3.8). Here the copy
+// engine brings whole rows (or long slices of them) into shared memory (cp.async.bulk: one instruction for a
+// chunk's consecutive rows or for each row, no registers held, up to MAX_STAGES stages in flight; it streams
+// 4.5 TB/s on this GPU), starting before the previous kernel has finished (the weights do not depend on it),
+// and the warps multiply them on the integer tensor cores: a 32-value block of 16 rows is one
+// mma.sync.m16n8k32 (int8 times int8, int32 sums) whose A operand is the block's quants as stored, after at
+// most a mask and a shift per 8 values (IQ4_NL's and IQ4_XS's: the int8 levels its nibbles index, looked up
+// with byte permutes; Q3_K's and Q6_K's: made signed by a bit flip and a sign extension).
 //
 // The activations as integers, without losing float32's precision. x (times the norm weight) is cut into
 // 32-value blocks like the weights; block b gets the scale d_b = max |x_j| / 127 and each value three int8
@@ -28,61 +28,144 @@
 // (the remainders are exact in float32), so x is kept to 2^-22 of its block's largest value. The three
 // parts are three columns of the MMA's B operand (n = 8; the other five are zero): one MMA gives, for
 // each of the tile's rows, the three dot products D_c = sum_j w_j q_c,j, exactly, and the block adds
-//     d_w * d_b * (D_1 + D_2 / 128 + D_3 / 16384)     (+ m * sum_j x_j for Q4_1's and Q5_1's offset m)
-// to the row. A format's zero point z (w = d * (q - z)) costs nothing: the MMA's accumulator starts at
-// -z * sum_j q_c,j. Against gemv.cu's exactly decoded weights times float32 x, the result moves by at most
-// that 2^-22 of the block maximum per value: inside the float32 error bound the tests hold both kernels to.
+//     s_w * d_b * (D_1 + D_2 / 128 + D_3 / 16384)
+// to the row, s_w the weight block's scale. What a format adds to that:
+//   - a zero point z (w = s (q - z): Q4_0's 8, Q5_0's 16) costs nothing: the MMA's accumulator starts at
+//     -z * sum_j q_c,j;
+//   - an offset m (w = s q + m: Q4_1's and Q5_1's m, the K-quants' -dmin * min) adds m * sum_j x_j;
+//   - scales of 16-value halves (Q2_K, Q3_K, Q6_K) make a block two MMAs, each with the other half's quants
+//     zeroed; Q2_K's mins then multiply the sums of x's two halves.
+// Against gemv.cu's exactly decoded weights times float32 x, the result moves by at most that 2^-22 of the
+// block maximum per value: inside the float32 error bound the tests hold both kernels to.
 //
-// Work split. The grid is as many blocks as the GPU holds at once; block i takes chunks i, i + gridDim.x,
-// ... of CHUNK_ROWS rows. Its warps first quantize all of x into shared memory (a warp per 32-value block
-// at a time: one redux.sync for its maximum, one per part for the part sums), applying the norm weight and
-// gathering the sum of squares on the way (the norm is the scalar inv_rms, applied at the end, as in
-// gemv.cu). Each chunk is then split along the row: warp w multiplies blocks w n / WARPS .. (w + 1) n / WARPS
-// - 1 of the n of every row of the chunk, and the warps' sums meet in shared memory. In an mma.m16n8k32, lane
-// (g, t) (g = lane / 4, t = lane % 4) holds row g's and row g + 8's values 4t .. 4t + 3 and 16 + 4t ..
-// 16 + 4t + 3: for the nibble formats exactly the low and the high nibbles of bytes 4t .. 4t + 3 of the
-// block's quants, for Q8_0 bytes 4t .. and 16 + 4t .. . The first STAGES copies are issued before waiting
-// for the previous kernel (the weights do not depend on it); each later one as soon as its buffer is free.
+// Work split. The rows of a launch (the epilogue's groups: a row, or two gate rows and their up rows) are cut
+// into chunks of one or two tiles of 16 rows, and each row into slices of whole blocks, as long as a stage of
+// shared memory allows (a whole row where it fits). An item is one slice of one chunk. The grid is one block an
+// SM (at most one per chunk); block i takes chunks i, i + gridDim.x, ..., each slice after slice. Its PRODUCER
+// warp issues each item's copies into a stage (the first stages' before the wait for the previous kernel) as
+// soon as the stage's `empty` barrier says its consumers are done with it; its CONSUMERS warps wait on the
+// stage's `full` barrier (the copies' bytes landed) and split the slice's blocks among them, each warp taking
+// every tile of the chunk for its blocks (the x operands of a block loaded once for both tiles). At a chunk's
+// last slice their sums meet in shared memory (the consumers' own barrier, no block-wide one) and warp 0's
+// finishing lanes (one per group) hand them to the epilogue. Every warp first quantizes its share of x into
+// shared memory, applying the norm weight and gathering the sum of squares on the way (the norm is the scalar
+// inv_rms, applied at the end, as in gemv.cu). In an mma.m16n8k32, lane (g, t) (g = lane / 4, t = lane % 4)
+// holds row g's and row g + 8's values 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3: for the nibble formats exactly
+// the low and the high nibbles of bytes 4t .. 4t + 3 of the block's quants, for Q8_0 bytes 4t .. and 16 + 4t .. .
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
+#include "gemv_epilogues.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
 
 namespace minfer {
 namespace {
 
-constexpr int TILE_ROWS = 16;                  // rows of one mma.m16n8k32
-constexpr int CHUNK_ROWS = 32;                 // rows a block brings into shared memory at a time
-constexpr int TILES = CHUNK_ROWS / TILE_ROWS;  // tiles of a chunk
-constexpr int WARPS = 8;                       // warps per block, sharing each chunk along the row
-constexpr int STAGES = 3;                      // chunks in flight per block
-constexpr int PARTS = 3;                       // int8 parts per activation
-constexpr int PART_SCALE = 128;                // a part is the remainder of the one before, times this
-constexpr float Q1_MAX = 127.0f;               // the first part's range
-constexpr int PART_PADDING = 16;               // bytes after each part's row in shared memory (see QuantizedX)
-constexpr int COPY_ALIGNMENT = 16;             // cp.async.bulk: addresses and sizes in 16-byte units
+constexpr int TILE_ROWS = 16;                        // rows of one mma.m16n8k32
+constexpr int MAX_TILES = 2;                         // tiles of a chunk: 2 where the rows give every block some
+constexpr int MAX_SLOTS = TILE_ROWS * MAX_TILES;     // rows of a chunk, each with its slot in a stage
+constexpr int CONSUMERS = 16;                        // warps that multiply, splitting each slice of a chunk
+constexpr int PRODUCER = CONSUMERS;                  // the warp that issues the copies
+constexpr int WARPS = CONSUMERS + 1;                 // warps per block; one block an SM
+constexpr int MIN_STAGES = 2;                        // stages in flight per block: a chunk's next slice lands
+constexpr int MAX_STAGES = 6;                        // while the consumers multiply the last
+constexpr std::size_t STAGE_BUDGET = 160 * 1024;     // shared memory for a block's stages, where x leaves room
+constexpr std::size_t STATIC_RESERVE = 8 * 1024;     // the kernel's static shared memory and the driver's
+constexpr int PARTS = 3;                             // int8 parts per activation
+constexpr int PART_SCALE = 128;                      // a part is the remainder of the one before, times this
+constexpr float Q1_MAX = 127.0f;                     // the first part's range
+constexpr int PART_PADDING = 16;                     // bytes after each part's row in shared memory (see QuantizedX)
+constexpr int COPY_ALIGNMENT = 16;                   // cp.async.bulk: addresses and sizes in 16-byte units
+constexpr int WINDOW_SLACK = 2 * COPY_ALIGNMENT;     // a slot holds its slice plus the 16-byte units around it
 
-// Reads of a chunk staged in shared memory: the blocks keep their bytes on a 2-byte boundary (Q4_1's and
-// Q5_1's on a 4-byte one).
+// Reads of a slice staged in shared memory (a staged byte keeps its global address modulo 16, so a block keeps
+// the boundary it has in the tensor: 2 bytes for the 18-, 22-, 34- and 110-byte blocks, 4 for the others).
 __device__ __forceinline__ std::uint32_t shared_u16(const void* p) { return *static_cast<const unsigned short*>(p); }
 __device__ __forceinline__ std::uint32_t shared_u32(const void* p) { return *static_cast<const unsigned int*>(p); }
 __device__ __forceinline__ std::uint32_t shared_word(const std::uint8_t* p) {
     return shared_u16(p) | (shared_u16(p + 2) << 16);
 }
 
-// ---- Weight formats: one row's block as lane (g, t) needs it ------------------------------------------------
+// The bytes of x a storage block of a type covers: values and bytes of one block (32 values) or super-block
+// (256), for the types this file reads; {0, 0} for the others.
+struct StorageBlock {
+    int values, bytes;
+};
+__host__ __device__ inline StorageBlock storage_block(int type) {
+    switch (type) {
+        case GGML_Q4_0: return {QK, int(sizeof(BlockQ4_0))};
+        case GGML_Q4_1: return {QK, int(sizeof(BlockQ4_1))};
+        case GGML_Q5_0: return {QK, int(sizeof(BlockQ5_0))};
+        case GGML_Q5_1: return {QK, int(sizeof(BlockQ5_1))};
+        case GGML_Q8_0: return {QK, int(sizeof(BlockQ8_0))};
+        case GGML_IQ4_NL: return {QK, int(sizeof(BlockIQ4_NL))};
+        case GGML_Q2_K: return {QK_K, int(sizeof(BlockQ2_K))};
+        case GGML_Q3_K: return {QK_K, int(sizeof(BlockQ3_K))};
+        case GGML_Q4_K: return {QK_K, int(sizeof(BlockQ4_K))};
+        case GGML_Q5_K: return {QK_K, int(sizeof(BlockQ5_K))};
+        case GGML_Q6_K: return {QK_K, int(sizeof(BlockQ6_K))};
+        case GGML_IQ4_XS: return {QK_K, int(sizeof(BlockIQ4_XS))};
+        default: return {0, 0};
+    }
+}
+
+// ---- Weight formats: one row's 32-value block as lane (g, t) needs it ----------------------------------------
 //
-// load: the lane's bytes of block `block` of a row staged in shared memory; quants: the two A-fragment
-// words, values 4t .. 4t + 3 (low) and 16 + 4t .. 16 + 4t + 3 (high) of the block as int8 (offset by the
-// zero point ZERO); scale (and, where HAS_OFFSET, offset): d and m of w = d * (q - ZERO) + m. Where
-// HALF_SCALES, scale is that of the low 16 values and scale_high that of the high 16.
+// load: the lane's bytes of 32-value block `block` of a row staged in shared memory (counted from the staged
+// slice's first value, which starts a storage block); quants: the two A-fragment words, values 4t .. 4t + 3
+// (low) and 16 + 4t .. 16 + 4t + 3 (high) of the block as int8 (offset by the zero point ZERO); scale (and,
+// per OFFSETS, offset): s and m of w = s * (q - ZERO) + m. Where HALF_SCALES, scale and offset are those of the
+// low 16 values, scale_high and offset_high those of the high 16.
+
+enum class Offsets { NONE, BLOCK, HALVES };  // no m; one m for the block; one for each 16-value half
+
+// Four 6-bit (Q6_K) or 3-bit (Q3_K) values of a word's bytes made the signed bytes q - 32 or q - 4: flipping the
+// sign bit gives q - zero in two's complement of that width, whose sign bit `top` then fills the bits above it
+// (top * fill sets bits top .. 7 of a byte: no carry reaches the next byte).
+template <std::uint32_t TOP, std::uint32_t FILL>
+__device__ __forceinline__ std::uint32_t centred(std::uint32_t q) {
+    const std::uint32_t x = q ^ (TOP * 0x01010101u);
+    return x | ((x & (TOP * 0x01010101u)) * FILL);
+}
+
+// The formats that decode their quants in load: their Raw holds the two A-fragment words, `low` and `high`.
+struct DecodedInLoad {
+    template <class Raw>
+    __device__ static void quants(const Raw& w, std::uint32_t& low, std::uint32_t& high) {
+        low = w.low;
+        high = w.high;
+    }
+};
+
+// ... and a scale and an offset for the block (the 32-value sub-blocks of Q4_K and Q5_K).
+struct BlockScaled : DecodedInLoad {
+    struct Raw {
+        std::uint32_t low, high;
+        float scale, offset;
+    };
+    __device__ static float scale(const Raw& w) { return w.scale; }
+    __device__ static float offset(const Raw& w) { return w.offset; }
+};
+
+// ... or a scale for each 16-value half (Q2_K, Q3_K, Q6_K), and for Q2_K an offset for each.
+struct HalfScaled : DecodedInLoad {
+    struct Raw {
+        std::uint32_t low, high;
+        float scale_low, scale_high, offset_low, offset_high;
+    };
+    __device__ static float scale(const Raw& w) { return w.scale_low; }
+    __device__ static float scale_high(const Raw& w) { return w.scale_high; }
+    __device__ static float offset(const Raw& w) { return w.offset_low; }
+    __device__ static float offset_high(const Raw& w) { return w.offset_high; }
+};
 
 struct Int8Q4_0 {
     static constexpr int ZERO = 8;
-    static constexpr bool HAS_OFFSET = false;
+    static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t qs, d;
@@ -91,7 +174,7 @@ struct Int8Q4_0 {
         const BlockQ4_0* b = reinterpret_cast<const BlockQ4_0*>(row) + block;
         return {shared_word(b->qs + 4 * t), shared_u16(&b->d)};
     }
-    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
+    __device__ static void quants(const Raw& w, std::uint32_t& low, std::uint32_t& high) {
         low = w.qs & 0x0F0F0F0Fu;
         high = (w.qs >> 4) & 0x0F0F0F0Fu;
     }
@@ -100,7 +183,7 @@ struct Int8Q4_0 {
 
 struct Int8Q4_1 {  // 20-byte blocks keep a 4-byte boundary
     static constexpr int ZERO = 0;
-    static constexpr bool HAS_OFFSET = true;
+    static constexpr Offsets OFFSETS = Offsets::BLOCK;
     static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t d_and_m, qs;
@@ -109,7 +192,7 @@ struct Int8Q4_1 {  // 20-byte blocks keep a 4-byte boundary
         const BlockQ4_1* b = reinterpret_cast<const BlockQ4_1*>(row) + block;
         return {shared_u32(b), shared_u32(b->qs + 4 * t)};
     }
-    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
+    __device__ static void quants(const Raw& w, std::uint32_t& low, std::uint32_t& high) {
         low = w.qs & 0x0F0F0F0Fu;
         high = (w.qs >> 4) & 0x0F0F0F0Fu;
     }
@@ -117,38 +200,34 @@ struct Int8Q4_1 {  // 20-byte blocks keep a 4-byte boundary
     __device__ static float offset(const Raw& w) { return half_bits_to_float(w.d_and_m >> 16); }
 };
 
-struct Int8Q5_0 {
+struct Int8Q5_0 : DecodedInLoad {
     static constexpr int ZERO = 16;
-    static constexpr bool HAS_OFFSET = false;
+    static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
     struct Raw {
-        std::uint32_t qs, qh, d;
+        std::uint32_t low, high, d;
     };
     __device__ static Raw load(const std::uint8_t* row, int block, int t) {
         const BlockQ5_0* b = reinterpret_cast<const BlockQ5_0*>(row) + block;
-        return {shared_word(b->qs + 4 * t), shared_word(b->qh), shared_u16(&b->d)};
-    }
-    __device__ static void quants(const Raw& w, int t, std::uint32_t& low, std::uint32_t& high) {
-        low = (w.qs & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (4 * t));
-        high = ((w.qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (16 + 4 * t));
+        const std::uint32_t qs = shared_word(b->qs + 4 * t), qh = shared_word(b->qh);
+        return {(qs & 0x0F0F0F0Fu) | spread_fifth_bits(qh >> (4 * t)),
+                ((qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(qh >> (16 + 4 * t)), shared_u16(&b->d)};
     }
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
 };
 
-struct Int8Q5_1 {  // 24-byte blocks keep a 4-byte boundary
+struct Int8Q5_1 : DecodedInLoad {  // 24-byte blocks keep a 4-byte boundary
     static constexpr int ZERO = 0;
-    static constexpr bool HAS_OFFSET = true;
+    static constexpr Offsets OFFSETS = Offsets::BLOCK;
     static constexpr bool HALF_SCALES = false;
     struct Raw {
-        std::uint32_t d_and_m, qh, qs;
+        std::uint32_t low, high, d_and_m;
     };
     __device__ static Raw load(const std::uint8_t* row, int block, int t) {
         const BlockQ5_1* b = reinterpret_cast<const BlockQ5_1*>(row) + block;
-        return {shared_u32(b), shared_u32(b->qh), shared_u32(b->qs + 4 * t)};
-    }
-    __device__ static void quants(const Raw& w, int t, std::uint32_t& low, std::uint32_t& high) {
-        low = (w.qs & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (4 * t));
-        high = ((w.qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(w.qh >> (16 + 4 * t));
+        const std::uint32_t qs = shared_u32(b->qs + 4 * t), qh = shared_u32(b->qh);
+        return {(qs & 0x0F0F0F0Fu) | spread_fifth_bits(qh >> (4 * t)),
+                ((qs >> 4) & 0x0F0F0F0Fu) | spread_fifth_bits(qh >> (16 + 4 * t)), shared_u32(b)};
     }
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d_and_m & 0xFFFFu); }
     __device__ static float offset(const Raw& w) { return half_bits_to_float(w.d_and_m >> 16); }
@@ -156,7 +235,7 @@ struct Int8Q5_1 {  // 24-byte blocks keep a 4-byte boundary
 
 struct Int8IQ4_NL {  // the quants are the int8 levels the nibbles index
     static constexpr int ZERO = 0;
-    static constexpr bool HAS_OFFSET = false;
+    static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t qs, d;
@@ -165,15 +244,15 @@ struct Int8IQ4_NL {  // the quants are the int8 levels the nibbles index
         const BlockIQ4_NL* b = reinterpret_cast<const BlockIQ4_NL*>(row) + block;
         return {shared_word(b->qs + 4 * t), shared_u16(&b->d)};
     }
-    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
+    __device__ static void quants(const Raw& w, std::uint32_t& low, std::uint32_t& high) {
         iq4_nl_levels(w.qs, low, high);
     }
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
 };
 
-struct Int8Q8_0 {
+struct Int8Q8_0 : DecodedInLoad {
     static constexpr int ZERO = 0;
-    static constexpr bool HAS_OFFSET = false;
+    static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
     struct Raw {
         std::uint32_t low, high, d;
@@ -183,31 +262,98 @@ struct Int8Q8_0 {
         const auto* qs = reinterpret_cast<const std::uint8_t*>(b->qs);
         return {shared_word(qs + 4 * t), shared_word(qs + 16 + 4 * t), shared_u16(&b->d)};
     }
-    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
-        low = w.low;
-        high = w.high;
-    }
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
 };
 
-// Block j of a super-block (values 32j .. 32j + 31, in half h = j / 4, quarter r = j % 4; ggml_formats.cuh
-// has the layout): the low nibbles (r < 2) or high nibbles of ql bytes 64h + 32(r % 2) .., with bits 2r and
-// 2r + 1 of qh bytes 32h .. above them, scales 2j and 2j + 1 for its two halves. 210-byte super-blocks keep a
-// 2-byte boundary only.
-struct Int8Q6_K {
-    static constexpr int ZERO = 0;  // q - 32 is made a signed byte in load, not subtracted in the MMA
-    static constexpr bool HAS_OFFSET = false;
+// Block j of a Q2_K super-block (values 32j .. 32j + 31, in half h = j / 4, group r = j % 4; ggml_formats.cuh
+// has the layout): bits 2r, 2r + 1 of qs bytes 32h .., 16-value sub-blocks 2j and 2j + 1 with scale
+// d * (scales[s] & 0xF) and min dmin * (scales[s] >> 4). 84-byte super-blocks keep a 4-byte boundary.
+struct Int8Q2_K : HalfScaled {
+    static constexpr int ZERO = 0;
+    static constexpr Offsets OFFSETS = Offsets::HALVES;
     static constexpr bool HALF_SCALES = true;
-    struct Raw {
-        std::uint32_t low, high;
-        float scale_low, scale_high;
-    };
-    // The 6-bit values q of a word's bytes as the signed bytes q - 32: flipping bit 5 gives q - 32 in 6 bits,
-    // whose sign bit 5 then fills bits 6 and 7 (0x20 * 6 = 0xC0: no carry reaches the next byte).
-    __device__ static std::uint32_t centred(std::uint32_t q) {
-        const std::uint32_t x = q ^ 0x20202020u;
-        return x | ((x & 0x20202020u) * 6u);
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(row) + block / 8;
+        const int j = block % 8, h = j / 4, r = j % 4;
+        const std::uint8_t* qs = b->qs + 32 * h + 4 * t;
+        const std::uint32_t d_and_dmin = shared_u32(&b->d);
+        const float d = half_bits_to_float(d_and_dmin & 0xFFFFu), dmin = half_bits_to_float(d_and_dmin >> 16);
+        const std::uint32_t low_scales = b->scales[2 * j], high_scales = b->scales[2 * j + 1];
+        return {(shared_u32(qs) >> (2 * r)) & 0x03030303u, (shared_u32(qs + 16) >> (2 * r)) & 0x03030303u,
+                d * float(low_scales & 0xF), d * float(high_scales & 0xF), -dmin * float(low_scales >> 4),
+                -dmin * float(high_scales >> 4)};
     }
+};
+
+// Block j of a Q3_K super-block: Q2_K's two low bits, the third bit 4h + r of hmask bytes 0 .., the 3-bit value
+// q - 4 made a signed byte; 16-value sub-blocks 2j and 2j + 1 with scale d * q3_k_scale. 110-byte super-blocks
+// keep a 2-byte boundary only.
+struct Int8Q3_K : HalfScaled {
+    static constexpr int ZERO = 0;  // q - 4 is made a signed byte in load, not subtracted in the MMA
+    static constexpr Offsets OFFSETS = Offsets::NONE;
+    static constexpr bool HALF_SCALES = true;
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockQ3_K* b = reinterpret_cast<const BlockQ3_K*>(row) + block / 8;
+        const int j = block % 8, h = j / 4, r = j % 4, bit = 4 * h + r;
+        const auto value = [&](int offset) {
+            const std::uint32_t low_bits = (shared_word(b->qs + 32 * h + offset) >> (2 * r)) & 0x03030303u;
+            const std::uint32_t third_bit = (shared_word(b->hmask + offset) >> bit) & 0x01010101u;
+            return centred<0x04u, 0x3Eu>(low_bits | (third_bit << 2));
+        };
+        const float d = half_bits_to_float(shared_u16(&b->d));
+        return {value(4 * t), value(16 + 4 * t), d * float(q3_k_scale(b->scales, 2 * j)),
+                d * float(q3_k_scale(b->scales, 2 * j + 1))};
+    }
+};
+
+// Block j of a Q4_K super-block is its sub-block j: the low (j even) or high nibbles of qs bytes 32 (j / 2) ..,
+// scale d * sc_j and min dmin * m_j (q4_k_scale_min). 144-byte super-blocks keep a 16-byte boundary.
+struct Int8Q4_K : BlockScaled {
+    static constexpr int ZERO = 0;
+    static constexpr Offsets OFFSETS = Offsets::BLOCK;
+    static constexpr bool HALF_SCALES = false;
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(row) + block / 8;
+        const int j = block % 8, shift = 4 * (j % 2);
+        const std::uint8_t* qs = b->qs + 32 * (j / 2) + 4 * t;
+        const std::uint32_t d_and_dmin = shared_u32(b);
+        int scale, min;
+        q4_k_scale_min(b->scales, j, scale, min);
+        return {(shared_u32(qs) >> shift) & 0x0F0F0F0Fu, (shared_u32(qs + 16) >> shift) & 0x0F0F0F0Fu,
+                half_bits_to_float(d_and_dmin & 0xFFFFu) * float(scale),
+                -half_bits_to_float(d_and_dmin >> 16) * float(min)};
+    }
+};
+
+// Q5_K: Q4_K's nibbles and scales, the fifth bit of value i of sub-block j bit j of qh byte i. 176-byte
+// super-blocks keep a 16-byte boundary.
+struct Int8Q5_K : BlockScaled {
+    static constexpr int ZERO = 0;
+    static constexpr Offsets OFFSETS = Offsets::BLOCK;
+    static constexpr bool HALF_SCALES = false;
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockQ5_K* b = reinterpret_cast<const BlockQ5_K*>(row) + block / 8;
+        const int j = block % 8, shift = 4 * (j % 2);
+        const std::uint8_t* qs = b->qs + 32 * (j / 2) + 4 * t;
+        const std::uint8_t* qh = b->qh + 4 * t;
+        const std::uint32_t d_and_dmin = shared_u32(b);
+        int scale, min;
+        q4_k_scale_min(b->scales, j, scale, min);
+        return {((shared_u32(qs) >> shift) & 0x0F0F0F0Fu) | (((shared_u32(qh) >> j) & 0x01010101u) << 4),
+                ((shared_u32(qs + 16) >> shift) & 0x0F0F0F0Fu) | (((shared_u32(qh + 16) >> j) & 0x01010101u) << 4),
+                half_bits_to_float(d_and_dmin & 0xFFFFu) * float(scale),
+                -half_bits_to_float(d_and_dmin >> 16) * float(min)};
+    }
+};
+
+// Block j of a Q6_K super-block (values 32j .. 32j + 31, in half h = j / 4, quarter r = j % 4; ggml_formats.cuh
+// has the layout): the low (r < 2) or high nibbles of ql bytes 64h + 32(r % 2) .., with bits 2r and 2r + 1 of
+// qh bytes 32h .. above them, scales 2j and 2j + 1 for its two halves. 210-byte super-blocks keep a 2-byte
+// boundary only.
+struct Int8Q6_K : HalfScaled {
+    static constexpr int ZERO = 0;  // q - 32 is made a signed byte in load, not subtracted in the MMA
+    static constexpr Offsets OFFSETS = Offsets::NONE;
+    static constexpr bool HALF_SCALES = true;
     __device__ static Raw load(const std::uint8_t* row, int block, int t) {
         const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + block / 8;
         const int j = block % 8, h = j / 4, r = j % 4;
@@ -215,71 +361,71 @@ struct Int8Q6_K {
         const std::uint8_t* qh = b->qh + 32 * h + 4 * t;
         const int nibble_shift = 4 * (r / 2), high_shift = 2 * r;
         const auto value = [&](int offset) {
-            return centred(((shared_word(ql + offset) >> nibble_shift) & 0x0F0F0F0Fu) |
-                           (((shared_word(qh + offset) >> high_shift) & 0x03030303u) << 4));
+            return centred<0x20u, 0x06u>(((shared_word(ql + offset) >> nibble_shift) & 0x0F0F0F0Fu) |
+                                         (((shared_word(qh + offset) >> high_shift) & 0x03030303u) << 4));
         };
         const float d = half_bits_to_float(shared_u16(&b->d));
         return {value(0), value(16), d * float(b->scales[2 * j]), d * float(b->scales[2 * j + 1])};
     }
-    __device__ static void quants(const Raw& w, int, std::uint32_t& low, std::uint32_t& high) {
-        low = w.low;
-        high = w.high;
+};
+
+// Block j of an IQ4_XS super-block is its sub-block j, laid out as an IQ4_NL block (qs bytes 16j ..), with the
+// scale d * iq4_xs_scale. 136-byte super-blocks keep an 8-byte boundary.
+struct Int8IQ4_XS {
+    static constexpr int ZERO = 0;
+    static constexpr Offsets OFFSETS = Offsets::NONE;
+    static constexpr bool HALF_SCALES = false;
+    struct Raw {
+        std::uint32_t qs;
+        float scale;
+    };
+    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
+        const BlockIQ4_XS* b = reinterpret_cast<const BlockIQ4_XS*>(row) + block / 8;
+        const int j = block % 8;
+        const std::uint32_t d_and_scales_h = shared_u32(b);
+        const int scale = iq4_xs_scale(d_and_scales_h >> 16, b->scales_l[j / 2], j);
+        return {shared_u32(b->qs + 16 * j + 4 * t), half_bits_to_float(d_and_scales_h & 0xFFFFu) * float(scale)};
     }
-    __device__ static float scale(const Raw& w) { return w.scale_low; }
-    __device__ static float scale_high(const Raw& w) { return w.scale_high; }
+    __device__ static void quants(const Raw& w, std::uint32_t& low, std::uint32_t& high) {
+        iq4_nl_levels(w.qs, low, high);
+    }
+    __device__ static float scale(const Raw& w) { return w.scale; }
 };
 
 // ---- x, quantized into shared memory ---------------------------------------------------------------------
 
-// Per 32-value block b of x: the accumulator start of each part's column (-ZERO * sum_j q_c,j; a fourth,
-// always 0, pads to 16 bytes), d_b, the block's sum of (quantized) values; then the parts, one row of
-// in_features int8 each. The padding after each part's row puts the words that lanes (0, t), (1, t) and
-// (2, t) read at once into different banks.
+// Per 32-value block b of x: the sums of each part's values (the zero points' accumulator start; a fourth, 0,
+// pads to 16 bytes), the sums of the block's two 16-value halves (of the quantized values, in x's units: the
+// offsets'), d_b; then the parts, one row of in_features int8 each. The padding after each part's row puts
+// the words that lanes (0, t), (1, t) and (2, t) read at once into different banks.
 struct QuantizedX {
-    int* zero_terms;   // [n_blocks][4]
-    float* scales;     // [n_blocks]
-    float* sums;       // [n_blocks]
+    int* part_sums;      // [n_blocks][4]
+    float2* half_sums;   // [n_blocks]
+    float* scales;       // [n_blocks]
     std::int8_t* parts;  // [PARTS][part_stride]
     int part_stride;
 
     __host__ __device__ static std::size_t bytes(int in_features) {
         const std::size_t n_blocks = in_features / QK;
-        return n_blocks * (4 * sizeof(int) + 2 * sizeof(float)) + PARTS * std::size_t(in_features + PART_PADDING);
+        return n_blocks * (4 * sizeof(int) + sizeof(float2) + sizeof(float)) +
+               PARTS * std::size_t(in_features + PART_PADDING);
     }
     __device__ static QuantizedX in(std::uint8_t* shared, int in_features) {
         const int n_blocks = in_features / QK;
         QuantizedX q;
-        q.zero_terms = reinterpret_cast<int*>(shared);
-        q.scales = reinterpret_cast<float*>(q.zero_terms + 4 * n_blocks);
-        q.sums = q.scales + n_blocks;
-        q.parts = reinterpret_cast<std::int8_t*>(q.sums + n_blocks);
+        q.part_sums = reinterpret_cast<int*>(shared);
+        q.half_sums = reinterpret_cast<float2*>(q.part_sums + 4 * n_blocks);
+        q.scales = reinterpret_cast<float*>(q.half_sums + n_blocks);
+        q.parts = reinterpret_cast<std::int8_t*>(q.scales + n_blocks);
         q.part_stride = in_features + PART_PADDING;
         return q;
     }
 };
 
-struct Int8GemvInput {
-    const std::uint8_t* weight;
-    long long row_bytes;
-    int n_rows;
-    const float* x;
-    const float* norm_weight;  // nullptr: no norm
-    float eps;
-    int in_features;
-    const float* residual;  // nullptr: none; may be y itself (each element read, then written, by one thread)
-    float* y;
-};
-
-// Shared memory of a launch: STAGES chunk buffers, then x quantized.
-__host__ __device__ inline std::size_t chunk_bytes(long long row_bytes) { return CHUNK_ROWS * std::size_t(row_bytes); }
-inline std::size_t shared_bytes(int type, int in_features) {
-    return STAGES * chunk_bytes(row_bytes(type, in_features)) + QuantizedX::bytes(in_features);
-}
-
 // ---- The sm_90 instructions ---------------------------------------------------------------------------------
 //
 // Each wrapper compiles to its instruction on sm_90+ and to a trap elsewhere: the kernel is compiled for every
-// architecture of the fat binary, and minfer_gemv_int8_takes launches it only on sm_90+.
+// architecture of the fat binary, and gemv_int8_takes launches it only on sm_90+.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MINFER_SM90 1
 __device__ __forceinline__ unsigned shared_address(const void* p) {
@@ -289,16 +435,55 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 #define MINFER_SM90 0
 #endif
 
-// The copy engine's side of a chunk buffer: an mbarrier that completes when the chunk's bytes have landed.
+// A stage's barrier (mbarrier) expecting `count` arrivals a phase (and, for `full`, the bytes its copies bring).
 // Made visible to the copy engine by the fence, and to the other threads by a __syncthreads that follows.
-__device__ __forceinline__ void init_arrival(std::uint64_t* barrier) {
+__device__ __forceinline__ void init_arrival(std::uint64_t* barrier, unsigned count) {
 #if MINFER_SM90
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(count));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #else
     __trap();
 #endif
 }
+
+// The stage's one arrival, announcing the bytes its copies will bring (before any of them is issued).
+__device__ __forceinline__ void expect_bytes(std::uint64_t* barrier, unsigned bytes) {
+#if MINFER_SM90
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+// One arrival on `barrier` (a consumer warp's, done with a stage).
+__device__ __forceinline__ void arrive(std::uint64_t* barrier) {
+#if MINFER_SM90
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(barrier)) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// The consumer warps' barrier (named barrier 1): the producer goes its own way.
+__device__ __forceinline__ void sync_consumers() {
+    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * WARP_SIZE) : "memory");
+}
+
+// `bytes` (a multiple of 16) from `source` to `target` (both 16-byte aligned), completing on `barrier`.
+__device__ __forceinline__ void copy_async(std::uint8_t* target, const std::uint8_t* source, unsigned bytes,
+                                           std::uint64_t* barrier) {
+#if MINFER_SM90
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            shared_address(target)),
+        "l"(source), "r"(bytes), "r"(shared_address(barrier))
+        : "memory");
+#else
+    __trap();
+#endif
+}
+
 __device__ __forceinline__ void wait_arrival(std::uint64_t* barrier, unsigned parity) {
 #if MINFER_SM90
     unsigned done = 0;
@@ -312,89 +497,6 @@ __device__ __forceinline__ void wait_arrival(std::uint64_t* barrier, unsigned pa
 #else
     __trap();
 #endif
-}
-
-// Rows chunk * CHUNK_ROWS .. of W (one stretch of memory) into `buffer`, `arrival` completing when they are
-// there. Run by one thread. The stretch's whole 16-byte units go through the copy engine; a last chunk whose
-// size is not a multiple of 16 has its last few bytes copied by this thread (read by the others only after a
-// __syncthreads that follows).
-__device__ void fetch_chunk(const Int8GemvInput& in, int chunk, std::uint8_t* buffer, std::uint64_t* arrival) {
-    const int rows = min(CHUNK_ROWS, in.n_rows - chunk * CHUNK_ROWS);
-    const unsigned bytes = unsigned(rows * in.row_bytes);
-    const unsigned copied = bytes / COPY_ALIGNMENT * COPY_ALIGNMENT;
-    const std::uint8_t* source = in.weight + std::size_t(chunk) * chunk_bytes(in.row_bytes);
-#if MINFER_SM90
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(arrival)), "r"(copied)
-                 : "memory");
-    if (copied > 0) {
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                shared_address(buffer)),
-            "l"(source), "r"(copied), "r"(shared_address(arrival))
-            : "memory");
-    }
-#else
-    __trap();
-#endif
-    for (unsigned i = copied; i < bytes; ++i) buffer[i] = source[i];
-}
-
-// The largest of the 32 lanes' non-negative `value`s, every lane getting it: one redux.sync over their bits
-// (non-negative floats order as their bits do).
-__device__ __forceinline__ float warp_max_of_non_negative(float value) {
-#if MINFER_SM90
-    return __uint_as_float(__reduce_max_sync(FULL_WARP, __float_as_uint(value)));
-#else
-    __trap();
-    return value;
-#endif
-}
-
-// The sum of the 32 lanes' `value`s, every lane getting it: one redux.sync.
-__device__ __forceinline__ int warp_sum_int(int value) {
-#if MINFER_SM90
-    return __reduce_add_sync(FULL_WARP, value);
-#else
-    __trap();
-    return value;
-#endif
-}
-
-// Quantizes x (times the norm weight) into `q`, warp `warp` taking blocks warp, warp + WARPS, ...; returns
-// this lane's share of sum x^2 (the raw x, for the norm).
-template <int ZERO>
-__device__ float quantize_x(const Int8GemvInput& in, const QuantizedX& q, int warp, int lane) {
-    float x_squares = 0.0f;
-    const int n_blocks = in.in_features / QK;
-    for (int block = warp; block < n_blocks; block += WARPS) {
-        const int i = block * QK + lane;
-        const float raw = in.x[i];
-        x_squares += raw * raw;
-        const float value = in.norm_weight != nullptr ? raw * in.norm_weight[i] : raw;
-        const float largest = warp_max_of_non_negative(fabsf(value));
-        // value / largest first: 127 / largest overflows when largest is subnormal.
-        const float scaled = largest > 0.0f ? value / largest * Q1_MAX : 0.0f;
-        const float q1 = rintf(scaled);
-        const float remainder = (scaled - q1) * PART_SCALE;  // exact: q1 is within 0.5 of scaled
-        const float q2 = rintf(remainder);
-        const float q3 = rintf((remainder - q2) * PART_SCALE);
-        const int part[PARTS] = {int(q1), int(q2), int(q3)};
-        int part_sum[PARTS];
-#pragma unroll
-        for (int c = 0; c < PARTS; ++c) {
-            q.parts[c * q.part_stride + i] = std::int8_t(part[c]);
-            part_sum[c] = warp_sum_int(part[c]);
-        }
-        if (lane == 0) {
-            const float scale = largest / Q1_MAX;
-            q.scales[block] = scale;
-            q.sums[block] = scale * (float(part_sum[0]) + float(part_sum[1]) / PART_SCALE +
-                                     float(part_sum[2]) / (PART_SCALE * PART_SCALE));
-            *reinterpret_cast<int4*>(q.zero_terms + 4 * block) =
-                make_int4(-ZERO * part_sum[0], -ZERO * part_sum[1], -ZERO * part_sum[2], 0);
-        }
-    }
-    return x_squares;
 }
 
 // d = a b + c over one 16 x 8 x 32 tile: A 16 x 32 int8 (row), B 32 x 8 int8 (column), int32 sums. Lane
@@ -413,19 +515,195 @@ __device__ __forceinline__ void mma_int8(int (&d)[4], const std::uint32_t (&a)[4
 #endif
 }
 
-// The products of blocks begin .. end - 1 of the chunk's rows (staged at `chunk`), added to `sums` (tile,
-// row g or g + 8), each row's columns still spread over lanes t = 0..3 of group g. Rows past the end of W
-// read the chunk's last row.
-template <class Format>
-__device__ __forceinline__ void chunk_products(const std::uint8_t* chunk, long long row_bytes, int rows, int begin,
-                                               int end, const QuantizedX& q, int lane, float (&sums)[TILES][2]) {
-    const int g = lane / 4, t = lane % 4;
-    const std::uint8_t* row[TILES][2];
-#pragma unroll
-    for (int tile = 0; tile < TILES; ++tile) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) row[tile][h] = chunk + min(tile * TILE_ROWS + g + 8 * h, rows - 1) * row_bytes;
+// ---- What a launch is -----------------------------------------------------------------------------------------
+
+// The shape of a launch besides its epilogue (plan_launch chooses it).
+struct Int8Launch {
+    const float* x;
+    const float* norm_weight;  // nullptr: no norm
+    float eps;
+    int in_features;
+    int tiles;         // 16-row tiles of a chunk: 1 or 2
+    int n_chunks;
+    int slice_values;  // values of each row a stage holds: whole storage blocks of every type of the launch
+    int n_slices;      // slices of a row
+    int stages;        // stages in flight per block, MIN_STAGES .. MAX_STAGES
+    int slot_stride;   // bytes of one row's slot in a stage: its slice and the 16-byte units around it
+    bool contiguous;   // a chunk's rows are consecutive in one weight and a slice is a whole row: one copy
+};
+
+// Rows of a chunk, and the epilogue's groups in it.
+__host__ __device__ inline int chunk_slots(int tiles) { return tiles * TILE_ROWS; }
+template <class Epilogue>
+__host__ __device__ int chunk_groups(int tiles) {
+    return chunk_slots(tiles) / Epilogue::ROWS;
+}
+
+// Item `item` of this block: chunk blockIdx.x + (item / n_slices) gridDim.x, slice item % n_slices.
+__device__ __forceinline__ int item_chunk(const Int8Launch& launch, int item) {
+    return int(blockIdx.x) + (item / launch.n_slices) * int(gridDim.x);
+}
+
+// ---- The copies -------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ std::uintptr_t align_down(const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) / COPY_ALIGNMENT * COPY_ALIGNMENT;
+}
+
+// The 16-byte units holding bytes begin .. end - 1 of a weight that ends at part_end: [start, stop), where stop
+// stays inside the weight; the caller copies the bytes from stop to end itself (the weight's last few bytes).
+struct Window {
+    std::uintptr_t start, stop;
+};
+__device__ __forceinline__ Window window(const std::uint8_t* begin, const std::uint8_t* end, const std::uint8_t* part_end) {
+    const std::uintptr_t start = align_down(begin);
+    const std::uintptr_t whole_end = align_down(end + COPY_ALIGNMENT - 1);
+    return {start, max(start, min(whole_end, align_down(part_end)))};
+}
+
+// The bytes of window `w` past its units, copied by this thread into `target` (which receives the window).
+__device__ __forceinline__ void copy_tail(const Window& w, const std::uint8_t* end, std::uint8_t* target) {
+    for (const std::uint8_t* p = reinterpret_cast<const std::uint8_t*>(w.stop); p < end; ++p)
+        target[reinterpret_cast<std::uintptr_t>(p) - w.start] = *p;
+}
+
+// The producer warp brings one item into a stage: where the chunk's rows are consecutive and whole
+// (launch.contiguous), lane 0 copies them as one window; otherwise lane s copies the slice of the chunk's row
+// s into slot s. `offsets[s]`: where row s's slice begins in the stage (the copy engine moves whole 16-byte
+// units: the units before and after it belong to the tensor too). The bytes a copying lane adds itself are
+// read only after the consumers' first barrier that follows. The stage's `full` barrier expects every unit
+// before any copy is issued.
+template <class Epilogue>
+__device__ void fetch_item(const Int8Launch& launch, const Epilogue& epilogue, int chunk, int slice,
+                           std::uint8_t* stage, std::uint32_t* offsets, std::uint64_t* full, int lane) {
+    const int slots = chunk_slots(launch.tiles), groups = chunk_groups<Epilogue>(launch.tiles);
+    const int first_group = chunk * groups;
+    if (launch.contiguous) {  // StoreRows<1, *>: group g is row g; slice 0 is the whole row
+        const int valid = min(slots, epilogue.n_groups - first_group);
+        const StorageBlock block = storage_block(epilogue.type(first_group));
+        const int row_bytes = launch.in_features / block.values * block.bytes;
+        const std::uint8_t* begin = epilogue.row(first_group, 0);
+        const Window w = window(begin, begin + valid * row_bytes, epilogue.part_end(first_group, 0));
+        const std::uint32_t lead = std::uint32_t(reinterpret_cast<std::uintptr_t>(begin) - w.start);
+        if (lane < slots) offsets[lane] = lead + std::uint32_t(min(lane, valid - 1) * row_bytes);
+        if (lane == 0) copy_tail(w, begin + valid * row_bytes, stage);
+        __syncwarp();  // the warp's stores before the arrival that publishes them
+        if (lane == 0) {
+            expect_bytes(full, unsigned(w.stop - w.start));
+            if (w.stop > w.start)
+                copy_async(stage, reinterpret_cast<const std::uint8_t*>(w.start), unsigned(w.stop - w.start), full);
+        }
+        return;
     }
+    Window w{0, 0};
+    if (lane < slots) {
+        const int group = min(first_group + lane / Epilogue::ROWS, epilogue.n_groups - 1);
+        const int k = lane % Epilogue::ROWS;
+        const StorageBlock block = storage_block(epilogue.type(group));
+        const int first = slice * launch.slice_values;
+        const int values = min(launch.slice_values, launch.in_features - first);
+        const std::uint8_t* begin = epilogue.row(group, k) + first / block.values * block.bytes;
+        const std::uint8_t* end = begin + values / block.values * block.bytes;
+        w = window(begin, end, epilogue.part_end(group, k));
+        offsets[lane] = std::uint32_t(lane * launch.slot_stride + (reinterpret_cast<std::uintptr_t>(begin) - w.start));
+        copy_tail(w, end, stage + lane * launch.slot_stride);
+    }
+    __syncwarp();  // the warp's stores before the arrival that publishes them
+    const unsigned units = unsigned(w.stop - w.start);
+    unsigned total = units;
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(FULL_WARP, total, offset);
+    if (lane == 0) expect_bytes(full, total);
+    __syncwarp();
+    if (units > 0)
+        copy_async(stage + lane * launch.slot_stride, reinterpret_cast<const std::uint8_t*>(w.start), units, full);
+}
+
+// ---- x, quantized ------------------------------------------------------------------------------------------
+
+// Quantizes x (times the norm weight) into `q` and returns this lane's share of sum x^2 (the raw x, for the
+// norm). Lane l of a warp takes values 4l .. 4l + 3 of a stretch of 128 (a float4), so lanes 8b .. 8b + 7 hold
+// 32-value block b of it; the warps take stretches WARPS apart, BATCH of them loaded before any is used (one
+// memory round trip for x's 8192 values, not 32).
+constexpr int X_BATCH = 4;
+
+__device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int warp, int lane) {
+    const float4* x = reinterpret_cast<const float4*>(launch.x);
+    const float4* g = reinterpret_cast<const float4*>(launch.norm_weight);
+    const int n_quads = launch.in_features / 4;  // whole blocks: a multiple of 8
+    float squares = 0.0f;
+    for (int base = warp * WARP_SIZE; base < n_quads; base += WARPS * WARP_SIZE * X_BATCH) {
+        float4 raw[X_BATCH], weight[X_BATCH];
+#pragma unroll
+        for (int b = 0; b < X_BATCH; ++b) {
+            const int quad = base + b * WARPS * WARP_SIZE + lane;
+            raw[b] = quad < n_quads ? x[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            weight[b] = g != nullptr && quad < n_quads ? g[quad] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < X_BATCH; ++b) {
+            const int quad = base + b * WARPS * WARP_SIZE + lane;
+            const float4 v = raw[b];
+            squares += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+            const float value[4] = {v.x * weight[b].x, v.y * weight[b].y, v.z * weight[b].z, v.w * weight[b].w};
+            float largest = fmaxf(fmaxf(fabsf(value[0]), fabsf(value[1])), fmaxf(fabsf(value[2]), fabsf(value[3])));
+#pragma unroll
+            for (int offset = 1; offset < 8; offset *= 2)
+                largest = fmaxf(largest, __shfl_xor_sync(FULL_WARP, largest, offset));
+            int part[PARTS][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                // value / largest first: 127 / largest overflows when largest is subnormal.
+                const float scaled = largest > 0.0f ? value[i] / largest * Q1_MAX : 0.0f;
+                const float q1 = rintf(scaled);
+                const float remainder = (scaled - q1) * PART_SCALE;  // exact: q1 is within 0.5 of scaled
+                const float q2 = rintf(remainder);
+                part[0][i] = int(q1);
+                part[1][i] = int(q2);
+                part[2][i] = int(rintf((remainder - q2) * PART_SCALE));
+            }
+            // Each part's sum over this lane's 4 values, then over the 4 lanes of a 16-value half, then the block.
+            int half[PARTS], whole[PARTS];
+#pragma unroll
+            for (int c = 0; c < PARTS; ++c) {
+                half[c] = part[c][0] + part[c][1] + part[c][2] + part[c][3];
+                half[c] += __shfl_xor_sync(FULL_WARP, half[c], 1);
+                half[c] += __shfl_xor_sync(FULL_WARP, half[c], 2);
+                whole[c] = half[c] + __shfl_xor_sync(FULL_WARP, half[c], 4);
+            }
+            if (quad >= n_quads) continue;  // a whole 8-lane block is past the end or not: no shuffle follows
+#pragma unroll
+            for (int c = 0; c < PARTS; ++c) {
+                const std::uint32_t packed = (std::uint32_t(part[c][0]) & 0xFFu) | (std::uint32_t(part[c][1] & 0xFF) << 8) |
+                                             (std::uint32_t(part[c][2] & 0xFF) << 16) |
+                                             (std::uint32_t(part[c][3] & 0xFF) << 24);
+                *reinterpret_cast<std::uint32_t*>(q.parts + c * q.part_stride + 4 * quad) = packed;
+            }
+            const int block = quad / 8;
+            const float scale = largest / Q1_MAX;
+            const float half_sum = scale * (float(half[0]) + float(half[1]) / PART_SCALE +
+                                            float(half[2]) / (PART_SCALE * PART_SCALE));
+            if (lane % 8 == 0) {
+                q.scales[block] = scale;
+                q.half_sums[block].x = half_sum;
+                *reinterpret_cast<int4*>(q.part_sums + 4 * block) = make_int4(whole[0], whole[1], whole[2], 0);
+            } else if (lane % 8 == 4) {
+                q.half_sums[block].y = half_sum;
+            }
+        }
+    }
+    return squares;
+}
+
+// ---- The products -----------------------------------------------------------------------------------------
+
+// The products of blocks begin .. end - 1 of a staged slice (x block x_first + block) for the chunk's `tiles`
+// tiles, rows[tile][0] (tile row g) and rows[tile][1] (g + 8), added to sums[tile][0] and [1], each row's columns
+// still spread over lanes t = 0..3 of group g. The x operands of a block are loaded once for both tiles.
+template <class Format>
+__device__ __forceinline__ void slice_products(const std::uint8_t* const (&rows)[MAX_TILES][2], int tiles, int begin,
+                                               int end, int x_first, const QuantizedX& q, int g, int t,
+                                               float (&sums)[MAX_TILES][2]) {
     // Lane t's accumulator pair holds columns 2t and 2t + 1, combined as D_2t * 128 + D_2t+1: for t = 0 the
     // parts q1 and q2 (weight 1 / 128 on the pair), for t = 1 q3 and a zero column (1 / 16384 / 128), for
     // t = 2, 3 zero columns.
@@ -433,173 +711,375 @@ __device__ __forceinline__ void chunk_products(const std::uint8_t* chunk, long l
         t == 0 ? 1.0f / PART_SCALE : (t == 1 ? 1.0f / (PART_SCALE * PART_SCALE * PART_SCALE) : 0.0f);
     const bool holds_part = g < PARTS;  // lane (g, t) holds column g of B: part g, or a zero column
     const std::int8_t* part_row = q.parts + min(g, PARTS - 1) * q.part_stride + 4 * t;
+#pragma unroll 2
     for (int block = begin; block < end; ++block) {
-        const std::uint32_t b0 = holds_part ? *reinterpret_cast<const std::uint32_t*>(part_row + block * QK) : 0u;
-        const std::uint32_t b1 = holds_part ? *reinterpret_cast<const std::uint32_t*>(part_row + block * QK + 16) : 0u;
-        const int2 zero = t < 2 ? *reinterpret_cast<const int2*>(q.zero_terms + 4 * block + 2 * t) : make_int2(0, 0);
-        const float lane_scale = q.scales[block] * column_weight;
-        const float lane_sum = Format::HAS_OFFSET && t == 0 ? q.sums[block] : 0.0f;
+        const int xb = x_first + block;
+        const std::uint32_t b0 = holds_part ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK) : 0u;
+        const std::uint32_t b1 = holds_part ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK + 16) : 0u;
+        const int2 part_sums = t < 2 ? *reinterpret_cast<const int2*>(q.part_sums + 4 * xb + 2 * t) : make_int2(0, 0);
+        const int zero0 = -Format::ZERO * part_sums.x, zero1 = -Format::ZERO * part_sums.y;
+        const float lane_scale = q.scales[xb] * column_weight;
+        // The offsets' x sums, on lane t = 0 alone (the four lanes of a row are summed at the end).
+        const float2 half_sums = Format::OFFSETS != Offsets::NONE && t == 0 ? q.half_sums[xb] : make_float2(0.0f, 0.0f);
 #pragma unroll
-        for (int tile = 0; tile < TILES; ++tile) {
-            const typename Format::Raw w[2] = {Format::load(row[tile][0], block, t), Format::load(row[tile][1], block, t)};
+        for (int tile = 0; tile < MAX_TILES; ++tile) {
+            if (tile >= tiles) break;
+            const typename Format::Raw w[2] = {Format::load(rows[tile][0], block, t), Format::load(rows[tile][1], block, t)};
             std::uint32_t a[4];
-            Format::quants(w[0], t, a[0], a[2]);
-            Format::quants(w[1], t, a[1], a[3]);
+            Format::quants(w[0], a[0], a[2]);
+            Format::quants(w[1], a[1], a[3]);
             int d[4];
             if constexpr (Format::HALF_SCALES) {
                 // One MMA per 16-value half, the other half's quants zeroed: each sum gets its own scale.
                 static_assert(Format::ZERO == 0, "both halves' MMAs would count the zero term");
                 const std::uint32_t low_half[4] = {a[0], a[1], 0u, 0u}, high_half[4] = {0u, 0u, a[2], a[3]};
                 int d_high[4];
-                mma_int8(d, low_half, b0, b1, zero.x, zero.y);
-                mma_int8(d_high, high_half, b0, b1, zero.x, zero.y);
+                mma_int8(d, low_half, b0, b1, 0, 0);
+                mma_int8(d_high, high_half, b0, b1, 0, 0);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     sums[tile][h] += (float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * Format::scale(w[h]) +
                                       float(d_high[2 * h] * PART_SCALE + d_high[2 * h + 1]) * Format::scale_high(w[h])) *
                                      lane_scale;
+                    if constexpr (Format::OFFSETS == Offsets::HALVES)
+                        sums[tile][h] += Format::offset(w[h]) * half_sums.x + Format::offset_high(w[h]) * half_sums.y;
                 }
             } else {
-                mma_int8(d, a, b0, b1, zero.x, zero.y);
+                mma_int8(d, a, b0, b1, zero0, zero1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     sums[tile][h] += float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * (Format::scale(w[h]) * lane_scale);
-                    if constexpr (Format::HAS_OFFSET) sums[tile][h] += Format::offset(w[h]) * lane_sum;
+                    if constexpr (Format::OFFSETS == Offsets::BLOCK)
+                        sums[tile][h] += Format::offset(w[h]) * (half_sums.x + half_sums.y);
                 }
             }
         }
     }
 }
 
+// ---- The kernel ---------------------------------------------------------------------------------------------
 
-// Block: WARPS warps; blockIdx.x: the first of the chunks of CHUNK_ROWS rows the block takes, gridDim.x
-// apart (the grid is what the GPU holds at once, so each block quantizes x once for many chunks).
-template <class Format, bool ADD_RESIDUAL>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_int8(Int8GemvInput in) {
+// Block: CONSUMERS warps that multiply (each slice of a chunk split among them) and the PRODUCER warp that keeps
+// up to `stages` items in flight: a stage's `full` barrier completes when its bytes have landed, its `empty`
+// barrier when every consumer warp is done with it. blockIdx.x: the first of the chunks the block takes,
+// gridDim.x apart (the grid is what the GPU holds at once, so each block quantizes x once for its chunks).
+template <class Format, class Epilogue>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch launch, Epilogue epilogue) {
     extern __shared__ __align__(128) std::uint8_t shared[];
-    __shared__ std::uint64_t arrival[STAGES];
+    __shared__ std::uint64_t full[MAX_STAGES], empty[MAX_STAGES];
+    __shared__ std::uint32_t offsets[MAX_STAGES][MAX_SLOTS];
     __shared__ float warp_squares[WARPS];
-    __shared__ float warp_sums[2][WARPS][CHUNK_ROWS];  // two sets: a chunk's are read while the next's are written
+    __shared__ float warp_sums[2][CONSUMERS][MAX_SLOTS];  // two sets: a chunk's are read while the next's are written
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
-    const std::size_t stage_bytes = chunk_bytes(in.row_bytes);
-    const int n_chunks = ceil_div(in.n_rows, CHUNK_ROWS);
-    const int my_chunks = ceil_div(n_chunks - int(blockIdx.x), gridDim.x);  // the grid has at most n_chunks blocks
+    const int groups = chunk_groups<Epilogue>(launch.tiles);
+    const std::size_t stage_bytes = std::size_t(chunk_slots(launch.tiles)) * launch.slot_stride;
+    const int my_items = ceil_div(launch.n_chunks - int(blockIdx.x), gridDim.x) * launch.n_slices;
+    const auto fetch = [&](int item) {
+        const int stage = item % launch.stages;
+        fetch_item(launch, epilogue, item_chunk(launch, item), item % launch.n_slices, shared + stage * stage_bytes,
+                   offsets[stage], &full[stage], lane);
+    };
 
-    // W does not depend on the previous kernel: its first chunks are on their way before the wait.
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) init_arrival(&arrival[s]);
-        for (int k = 0; k < min(STAGES, my_chunks); ++k)
-            fetch_chunk(in, blockIdx.x + k * gridDim.x, shared + k * stage_bytes, &arrival[k]);
+    // W does not depend on the previous kernel: the first items are on their way before the wait.
+    if (warp == PRODUCER) {
+        if (lane == 0) {
+            for (int s = 0; s < launch.stages; ++s) {
+                init_arrival(&full[s], 1);
+                init_arrival(&empty[s], CONSUMERS);
+            }
+        }
+        __syncwarp();
+        for (int item = 0; item < min(launch.stages, my_items); ++item) fetch(item);
     }
     wait_for_previous_kernel();
     allow_next_kernel();
 
-    const QuantizedX q = QuantizedX::in(shared + STAGES * stage_bytes, in.in_features);
-    const float x_squares = warp_sum(quantize_x<Format::ZERO>(in, q, warp, lane));
-    if (lane == 0) warp_squares[warp] = x_squares;
-    __syncthreads();  // also orders the mbarrier initialization before any wait on it
+    const QuantizedX q = QuantizedX::in(shared + launch.stages * stage_bytes, launch.in_features);
+    const float squares = warp_sum(quantize_x(launch, q, warp, lane));
+    if (lane == 0) warp_squares[warp] = squares;
+    __syncthreads();  // x is in; also orders the barriers' initialization before any wait on them
+
+    if (warp == PRODUCER) {  // each later item into its stage as soon as the consumers are done with it
+        for (int item = launch.stages; item < my_items; ++item) {
+            wait_arrival(&empty[item % launch.stages], (item / launch.stages - 1) % 2);
+            fetch(item);
+        }
+        return;
+    }
+
     float inv_rms = 1.0f;
-    if (in.norm_weight != nullptr) {
+    if (launch.norm_weight != nullptr) {
         float total = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) total += warp_squares[w];
-        inv_rms = 1.0f / sqrtf(total / float(in.in_features) + in.eps);
+        inv_rms = 1.0f / sqrtf(total / float(launch.in_features) + launch.eps);
     }
-
-    const int n_blocks = in.in_features / QK;
-    const int begin = warp * n_blocks / WARPS, end = (warp + 1) * n_blocks / WARPS;
     const int g = lane / 4, t = lane % 4;
-    for (int k = 0; k < my_chunks; ++k) {
-        const int chunk = blockIdx.x + k * gridDim.x, stage = k % STAGES;
-        const int rows = min(CHUNK_ROWS, in.n_rows - chunk * CHUNK_ROWS);
-        wait_arrival(&arrival[stage], (k / STAGES) % 2);
-        float sums[TILES][2] = {};
-        chunk_products<Format>(shared + stage * stage_bytes, in.row_bytes, rows, begin, end, q, lane, sums);
+    const bool finishes = warp == 0 && lane < groups;  // lane i of warp 0 finishes group i of each chunk
+    typename Epilogue::Prepared prepared{};
+    float sums[MAX_TILES][2] = {};
+    for (int item = 0; item < my_items; ++item) {
+        const int chunk = item_chunk(launch, item), slice = item % launch.n_slices, stage = item % launch.stages;
+        const int group = chunk * groups + lane;  // the finishing lane's
+        // Its epilogue's loads (residual, bias, position) go out now and are used at the chunk's last slice.
+        if (slice == 0 && finishes && group < epilogue.n_groups) prepared = epilogue.prepare(group);
+        wait_arrival(&full[stage], (item / launch.stages) % 2);
+
+        const std::uint8_t* buffer = shared + stage * stage_bytes;
+        const std::uint8_t* rows[MAX_TILES][2];
 #pragma unroll
-        for (int tile = 0; tile < TILES; ++tile) {
+        for (int tile = 0; tile < MAX_TILES; ++tile) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float sum = sums[tile][h];
-                sum += __shfl_xor_sync(FULL_WARP, sum, 1);
-                sum += __shfl_xor_sync(FULL_WARP, sum, 2);
-                if (t == 0) warp_sums[k % 2][warp][tile * TILE_ROWS + g + 8 * h] = sum;
+            for (int h = 0; h < 2; ++h) rows[tile][h] = buffer + offsets[stage][min(tile, launch.tiles - 1) * TILE_ROWS + g + 8 * h];
+        }
+        const int first = slice * launch.slice_values;
+        const int n_blocks = min(launch.slice_values, launch.in_features - first) / QK;
+        const int begin = warp * n_blocks / CONSUMERS, end = (warp + 1) * n_blocks / CONSUMERS;
+        slice_products<Format>(rows, launch.tiles, begin, end, first / QK, q, g, t, sums);
+        __syncwarp();
+        if (lane == 0) arrive(&empty[stage]);  // this warp is done with the stage
+
+        if (slice == launch.n_slices - 1) {
+            const int parity = (item / launch.n_slices) % 2;
+#pragma unroll
+            for (int tile = 0; tile < MAX_TILES; ++tile) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float sum = sums[tile][h];
+                    sum += __shfl_xor_sync(FULL_WARP, sum, 1);
+                    sum += __shfl_xor_sync(FULL_WARP, sum, 2);
+                    if (t == 0 && tile < launch.tiles) warp_sums[parity][warp][tile * TILE_ROWS + g + 8 * h] = sum;
+                    sums[tile][h] = 0.0f;
+                }
+            }
+            sync_consumers();  // the chunk's sums are in
+            if (finishes && group < epilogue.n_groups) {
+                float result[Epilogue::ROWS];
+#pragma unroll
+                for (int k = 0; k < Epilogue::ROWS; ++k) {
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < CONSUMERS; ++w) sum += warp_sums[parity][w][lane * Epilogue::ROWS + k];
+                    result[k] = sum * inv_rms;
+                }
+                epilogue.finish(group, result, prepared);
             }
         }
-        __syncthreads();  // the chunk's buffer is free, its warps' sums are in
-        if (threadIdx.x == 0 && k + STAGES < my_chunks)
-            fetch_chunk(in, chunk + STAGES * gridDim.x, shared + stage * stage_bytes, &arrival[stage]);
-        if (threadIdx.x < rows) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) sum += warp_sums[k % 2][w][threadIdx.x];
-            const int row = chunk * CHUNK_ROWS + threadIdx.x;
-            sum *= inv_rms;
-            if constexpr (ADD_RESIDUAL) sum += in.residual[row];
-            in.y[row] = sum;
-        }
     }
 }
 
-// The launch of one format and epilogue: a grid of what the GPU holds at once, at most one block per chunk.
-template <class Format, bool ADD_RESIDUAL>
-cudaError_t launch_kernel(const Int8GemvInput& in, std::size_t shared, cudaStream_t stream) {
-    const auto kernel = gemv_int8<Format, ADD_RESIDUAL>;
-    const int threads = WARPS * WARP_SIZE;
-    int device = 0, sm_count = 0, blocks_per_sm = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-    if (error == cudaSuccess)
-        error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
-    if (error == cudaSuccess) error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared);
-    if (error != cudaSuccess) return error;
-    // grid.x: blocks that each take every gridDim.x-th chunk of CHUNK_ROWS rows; block: WARPS warps sharing a
-    // chunk along the row.
-    const int blocks = min(ceil_div(in.n_rows, CHUNK_ROWS), max(1, sm_count * blocks_per_sm));
-    return launch_overlapped(kernel, dim3(blocks), dim3(threads), shared, stream, in);
+// ---- Launch ------------------------------------------------------------------------------------------------
+
+template <class Epilogue>
+using Int8Kernel = void (*)(Int8Launch, Epilogue);
+
+// The kernel of one format, or nullptr for a type this file does not read.
+template <class Epilogue>
+Int8Kernel<Epilogue> kernel_for(int type) {
+    switch (type) {
+        case GGML_Q4_0: return gemv_int8<Int8Q4_0, Epilogue>;
+        case GGML_Q4_1: return gemv_int8<Int8Q4_1, Epilogue>;
+        case GGML_Q5_0: return gemv_int8<Int8Q5_0, Epilogue>;
+        case GGML_Q5_1: return gemv_int8<Int8Q5_1, Epilogue>;
+        case GGML_Q8_0: return gemv_int8<Int8Q8_0, Epilogue>;
+        case GGML_IQ4_NL: return gemv_int8<Int8IQ4_NL, Epilogue>;
+        case GGML_Q2_K: return gemv_int8<Int8Q2_K, Epilogue>;
+        case GGML_Q3_K: return gemv_int8<Int8Q3_K, Epilogue>;
+        case GGML_Q4_K: return gemv_int8<Int8Q4_K, Epilogue>;
+        case GGML_Q5_K: return gemv_int8<Int8Q5_K, Epilogue>;
+        case GGML_Q6_K: return gemv_int8<Int8Q6_K, Epilogue>;
+        case GGML_IQ4_XS: return gemv_int8<Int8IQ4_XS, Epilogue>;
+        default: return nullptr;
+    }
 }
 
-template <class Format>
-cudaError_t launch_format(const Int8GemvInput& in, std::size_t shared, cudaStream_t stream) {
-    if (in.residual != nullptr) return launch_kernel<Format, true>(in, shared, stream);
-    return launch_kernel<Format, false>(in, shared, stream);
+// Epilogues whose group g is row g of one weight: a chunk of whole rows is one stretch of it.
+template <class Epilogue>
+struct ConsecutiveRows : std::false_type {};
+template <bool ADD_RESIDUAL>
+struct ConsecutiveRows<StoreRows<1, ADD_RESIDUAL>> : std::true_type {};
+
+// The weights of a launch.
+struct LaunchWeights {
+    WeightPart parts[2];
+    int n_parts;
+};
+template <bool ADD_RESIDUAL>
+LaunchWeights weights_of(const StoreRows<1, ADD_RESIDUAL>& e) {
+    return {{e.weight}, 1};
+}
+template <GateActivation ACTIVATION>
+LaunchWeights weights_of(const GemvGated<ACTIVATION>& e) {
+    return {{e.gate, e.up}, 2};
+}
+
+// The kernel for a launch's weights (all of one type), or nullptr where this file has none.
+template <class Epilogue>
+Int8Kernel<Epilogue> kernel_of(const Epilogue&, const LaunchWeights& weights) {
+    for (int p = 1; p < weights.n_parts; ++p)
+        if (weights.parts[p].type != weights.parts[0].type) return nullptr;
+    return kernel_for<Epilogue>(weights.parts[0].type);
+}
+
+int sm_count() {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 0;
+    return count;
+}
+
+int shared_limit() {
+    int device = 0, limit = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+        return 0;
+    return limit;
+}
+
+std::size_t align_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+// Where this kernel streams a product's weights faster than gemv.cu's: measured from DRAM on the H200
+// (docs/PERFORMANCE.md, session 11), it does for the output heads (151936 and 128256 rows) and Llama-3.2-1B's
+// gate|up (2 x 8192 rows), not for Qwen2.5-0.5B's gate|up (2 x 4864) or the smaller products, where one memory
+// round trip per warp (gemv.cu) beats a pipeline that has too few chunks to fill: products of PREFERRED_ROWS
+// rows or more. A Q6_K gate|up is the exception (25.9 against 19.8 us at 2048-value rows): two MMAs a block.
+constexpr int PREFERRED_ROWS = 16384;
+template <bool ADD_RESIDUAL>
+bool prefers_format(const StoreRows<1, ADD_RESIDUAL>&) {
+    return true;
+}
+template <GateActivation ACTIVATION>
+bool prefers_format(const GemvGated<ACTIVATION>& e) {
+    return e.gate.type != GGML_Q6_K;
+}
+
+// How a launch of these weights runs, or false where it cannot: the GPU (sm_90+, and the shared memory x
+// needs), the types, their alignment (the copy engine reads from 16-byte boundaries) and the row length.
+//   - tiles: two per chunk where the rows still make a chunk for every SM, else one;
+//   - the slice: as many whole storage blocks (of every type in the launch) as make a stage of at most a third
+//     of the stage budget (all of a row where it fits), balanced over the row's slices;
+//   - stages: as many as the budget holds, MIN_STAGES .. MAX_STAGES;
+//   - contiguous: StoreRows' chunks of whole rows, one stretch of the weight, come in one copy.
+template <class Epilogue>
+bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_features, Int8Launch& launch,
+                 std::size_t& shared, int& blocks) {
+    if (minfer_compute_capability() < 90 || !minfer_int8_gemv() || in_features <= 0) return false;
+    int granule = QK;
+    double bytes_per_value = 0.0;
+    for (int p = 0; p < weights.n_parts; ++p) {
+        const StorageBlock block = storage_block(weights.parts[p].type);
+        if (block.values == 0 || in_features % block.values != 0 || !is_aligned(weights.parts[p].data, COPY_ALIGNMENT))
+            return false;
+        granule = std::max(granule, block.values);
+        bytes_per_value = std::max(bytes_per_value, double(block.bytes) / block.values);
+    }
+    const int sms = sm_count(), limit = shared_limit();
+    if (sms == 0) return false;
+    const int total_slots = epilogue.n_groups * Epilogue::ROWS;
+    const int tiles = ceil_div(total_slots, chunk_slots(MAX_TILES)) >= sms ? MAX_TILES : 1;
+    const int slots = chunk_slots(tiles);
+    const std::size_t x_bytes = QuantizedX::bytes(in_features);
+    if (x_bytes + STATIC_RESERVE >= std::size_t(limit)) return false;
+    const std::size_t budget = std::min(STAGE_BUDGET, std::size_t(limit) - x_bytes - STATIC_RESERVE);
+    // A slot of a slice of `values` values: its bytes in the widest type, and the units around them.
+    const auto slot_stride = [&](int values) {
+        return int(align_up(std::size_t(values * bytes_per_value) + WINDOW_SLACK, COPY_ALIGNMENT));
+    };
+    const int max_slices = in_features / granule;
+    int n_slices = 1;
+    while (n_slices < max_slices &&
+           std::size_t(slots) * slot_stride(ceil_div(in_features / granule, n_slices) * granule) * 3 > budget)
+        ++n_slices;
+    const int slice_values = ceil_div(in_features / granule, n_slices) * granule;
+    n_slices = ceil_div(in_features, slice_values);
+    const std::size_t stage_bytes = std::size_t(slots) * slot_stride(slice_values);
+    const int stages = int(std::min<std::size_t>(MAX_STAGES, budget / stage_bytes));
+    if (stages < MIN_STAGES) return false;
+    shared = stages * stage_bytes + x_bytes;
+    const int n_chunks = ceil_div(total_slots, slots);
+    launch.in_features = in_features;
+    launch.tiles = tiles;
+    launch.n_chunks = n_chunks;
+    launch.slice_values = slice_values;
+    launch.n_slices = n_slices;
+    launch.stages = stages;
+    launch.slot_stride = slot_stride(slice_values);
+    launch.contiguous = ConsecutiveRows<Epilogue>::value && n_slices == 1;
+    blocks = std::min(n_chunks, sms);
+    return true;
 }
 
 }  // namespace
+
+template <class Epilogue>
+bool gemv_int8_takes(const Epilogue& epilogue, int in_features) {
+    const LaunchWeights weights = weights_of(epilogue);
+    Int8Launch launch{};
+    std::size_t shared = 0;
+    int blocks = 0;
+    return kernel_of(epilogue, weights) != nullptr && plan_launch(epilogue, weights, in_features, launch, shared, blocks);
+}
+
+template <class Epilogue>
+bool gemv_int8_prefers(const Epilogue& epilogue, int in_features) {
+    return epilogue.n_groups * Epilogue::ROWS >= PREFERRED_ROWS && prefers_format(epilogue) &&
+           gemv_int8_takes(epilogue, in_features);
+}
+
+template <class Epilogue>
+cudaError_t launch_gemv_int8_epilogue(const Epilogue& epilogue, const float* x, const float* norm_weight, float eps,
+                                      int in_features, cudaStream_t stream) {
+    const LaunchWeights weights = weights_of(epilogue);
+    const Int8Kernel<Epilogue> kernel = kernel_of(epilogue, weights);
+    Int8Launch launch{x, norm_weight, eps};
+    std::size_t shared = 0;
+    int blocks = 0;
+    if (kernel == nullptr || !plan_launch(epilogue, weights, in_features, launch, shared, blocks))
+        return minfer_refuse("gemv_int8 does not take this launch (gemv_int8_takes is false)");
+    const cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+    if (error != cudaSuccess) return error;
+    // grid.x: blocks (one an SM) that each take every gridDim.x-th chunk of 16 or 32 rows; block: CONSUMERS warps
+    // splitting each slice of a chunk along the row, and the PRODUCER warp.
+    return launch_overlapped(kernel, dim3(blocks), dim3(WARPS * WARP_SIZE), shared, stream, launch, epilogue);
+}
+
+// The epilogues gemv.cu sends here (gemv_epilogues.cuh declares the two functions).
+using StoreRowsPlain = StoreRows<1, false>;
+using StoreRowsAdding = StoreRows<1, true>;
+using GemvSwiglu = GemvGated<GateActivation::SILU>;
+using GemvGeglu = GemvGated<GateActivation::GELU_TANH>;
+#define MINFER_GEMV_INT8_EPILOGUE(Epilogue)                                                                      \
+    template bool gemv_int8_takes<Epilogue>(const Epilogue&, int);                                              \
+    template bool gemv_int8_prefers<Epilogue>(const Epilogue&, int);                                            \
+    template cudaError_t launch_gemv_int8_epilogue<Epilogue>(const Epilogue&, const float*, const float*, float, \
+                                                             int, cudaStream_t);
+MINFER_GEMV_INT8_EPILOGUE(StoreRowsPlain)
+MINFER_GEMV_INT8_EPILOGUE(StoreRowsAdding)
+MINFER_GEMV_INT8_EPILOGUE(GemvSwiglu)
+MINFER_GEMV_INT8_EPILOGUE(GemvGeglu)
+#undef MINFER_GEMV_INT8_EPILOGUE
+
 }  // namespace minfer
 
 using namespace minfer;
 
-extern "C" bool minfer_gemv_int8_takes(int type, const void* weight, int in_features) {
-    const bool format = type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q5_0 || type == GGML_Q5_1 ||
-                        type == GGML_Q8_0 || type == GGML_IQ4_NL || type == GGML_Q6_K;
-    const int row_values = type == GGML_Q6_K ? QK_K : QK;
-    if (!format || in_features <= 0 || in_features % row_values != 0 || !is_aligned(weight, COPY_ALIGNMENT))
-        return false;
-    int device = 0, limit = 0;
-    return minfer_compute_capability() >= 90 && cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-           shared_bytes(type, in_features) <= std::size_t(limit);
-}
-
+// The tensor-core path by itself (the tests' way to it): launch_gemv takes it wherever gemv_int8_takes.
 extern "C" cudaError_t launch_gemv_int8(const void* weight, int type, const float* x, const float* norm_weight,
                                         float eps, const float* residual, float* y, int in_features, int out_features,
                                         cudaStream_t stream) {
-    if (!minfer_gemv_int8_takes(type, weight, in_features))
-        return minfer_refuse("type must be Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL or Q6_K, the weight 16-byte "
-                             "aligned, in_features whole blocks of 32 (super-blocks of 256 for Q6_K) whose chunks "
-                             "fit shared memory, and the GPU sm_90 or newer");
+    constexpr const char* REFUSAL =
+        "type must be Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL (rows of whole 32-value blocks) or Q2_K, Q3_K, Q4_K, "
+        "Q5_K, Q6_K or IQ4_XS (rows of whole 256-value super-blocks), the weight 16-byte aligned, x's quantized "
+        "parts and two stages fitting shared memory, and the GPU sm_90 or newer";
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
-    const Int8GemvInput in{static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), out_features, x,
-                           norm_weight, eps, in_features, residual, y};
-    const std::size_t shared = shared_bytes(type, in_features);
-    switch (type) {
-        case GGML_Q4_0: return launch_format<Int8Q4_0>(in, shared, stream);
-        case GGML_Q4_1: return launch_format<Int8Q4_1>(in, shared, stream);
-        case GGML_Q5_0: return launch_format<Int8Q5_0>(in, shared, stream);
-        case GGML_Q5_1: return launch_format<Int8Q5_1>(in, shared, stream);
-        case GGML_IQ4_NL: return launch_format<Int8IQ4_NL>(in, shared, stream);
-        case GGML_Q6_K: return launch_format<Int8Q6_K>(in, shared, stream);
-        default: return launch_format<Int8Q8_0>(in, shared, stream);
-    }
+    if (row_bytes(type, in_features) < 0) return minfer_refuse(REFUSAL);
+    const WeightPart part{static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), type, out_features};
+    const auto launch = [&](const auto& epilogue) {
+        if (!gemv_int8_takes(epilogue, in_features)) return minfer_refuse(REFUSAL);
+        return launch_gemv_int8_epilogue(epilogue, x, norm_weight, eps, in_features, stream);
+    };
+    if (residual != nullptr) return launch(StoreRowsAdding{part, y, residual, out_features});
+    return launch(StoreRowsPlain{part, y, nullptr, out_features});
 }

@@ -89,10 +89,8 @@ cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* w
                                        int n_kv_heads, int head_dim, int n_rot, const double* inv_freq,
                                        float mscale, int mode, int n_ctx, cudaStream_t stream);
 
-// gemv_int8.cu: the one-token GEMV on the integer tensor cores, for outputs of many rows. launch_gemv sends
-// them here when minfer_gemv_int8_takes the weight (its type, alignment and row length, on this GPU); the
-// result is the same function.
-bool minfer_gemv_int8_takes(int type, const void* weight, int in_features);
+// gemv_int8.cu: gemv's function on the integer tensor cores, for the quantized types on sm_90+ (gemv.cu's
+// launchers send every launch it takes there themselves; this is the path alone).
 cudaError_t launch_gemv_int8(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                              const float* residual, float* y, int in_features, int out_features, cudaStream_t stream);
 
