@@ -3,8 +3,8 @@
 // multiplies by x and what becomes of their dot products; a kernel says how the products are computed.
 //
 // Each says how many groups there are, which ROWS rows of which weight group g reads (row(g, k): always a
-// valid row, so no lane needs a bounds check; part_end(g, k): where the weight holding it ends), their row
-// length (and, for a launch of mixed types, their type), and what becomes of their dot products: prepare
+// valid row, so no lane needs a bounds check; for the epilogues gemv_int8.cu takes, part_end(g, k): where the
+// weight holding it ends), their row length and type, and what becomes of their dot products: prepare
 // (run by the finishing thread right after the wait for the previous kernel: the epilogue's own loads) and
 // finish (run by that thread with the group's sums).
 #pragma once
@@ -162,7 +162,6 @@ struct GemvQkvRopeStore {
         const Pair rows = pair(group);
         return weight(rows.part).row(k == 0 ? rows.first_row : rows.second_row);
     }
-    __device__ const std::uint8_t* part_end(int group, int) const { return weight(pair(group).part).end(); }
 
     struct Prepared {
         int position;
