@@ -12,7 +12,8 @@
 #   7. the tutorial's toys and try-it commands (docs/tutorial/toys/run-on-gpu.sh), each toy checking its output
 #
 # Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
-# Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_TIMEOUT and
+# Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_WORKERS (pytest-xdist processes
+# of the test steps, default 4, used where xdist is installed), MINFER_TEST_TIMEOUT and
 # MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
 # MINFER_GPU_CHECK_ONLY (a comma-separated subset of the steps after the build, for a quick iteration:
 # kernels, memcheck, microbench, runtime, run-memcheck, bench, bench-eager, depth, op-timing, llama-bench,
@@ -106,10 +107,18 @@ if ! run_step "build minfer-kernels (MINFER_CUDA_ARCHS=$MINFER_CUDA_ARCHS)" buil
     exit 1
 fi
 
+# The test steps run on MINFER_TEST_WORKERS pytest-xdist processes where xdist is installed (default 4: the
+# kernel suite took 360 s on one process, 39 s on 8). The runtime's conftest pins each worker to its own slice of
+# the CPUs (minfer.testing.workers), so the CPU references' BLAS threads do not oversubscribe the machine.
+WORKERS=()
+if "$PYTHON" -c "import xdist" 2>/dev/null; then
+    WORKERS=(-n "${MINFER_TEST_WORKERS:-4}")
+fi
+
 # 3. The kernel tests. MINFER_REQUIRE_GPU=1 turns "no GPU" into a failure instead of skips.
 wanted kernels && run_step "kernel tests" tests.log \
     env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
-    "$PYTHON" -m pytest -q -ra -p no:cacheprovider packages/minfer-kernels/tests
+    "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" packages/minfer-kernels/tests
 
 # 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode).
 if ! wanted memcheck; then
@@ -138,7 +147,8 @@ if run_step "install minfer-runtime and minfer-chat" runtime-install.log \
     "$PYTHON" -m pip install -q --no-build-isolation --no-deps ./packages/minfer-runtime ./packages/minfer-chat; then
     wanted runtime && run_step "runtime and chat CUDA tests" runtime-cuda.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
-        "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m cuda packages/minfer-runtime/tests packages/minfer-chat/tests
+        "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" --durations=10 -m cuda \
+        packages/minfer-runtime/tests packages/minfer-chat/tests
     if wanted run-memcheck && command -v compute-sanitizer >/dev/null; then
         run_step "minfer run --backend cuda under compute-sanitizer memcheck" run-memcheck.log \
             compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from minfer.testing.synthetic import scaled, write_synthetic_model
+from minfer.testing.workers import pin_to_worker_share
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU and minfer-kernels (tools/gpu-check.sh runs these)")
+    pin_to_worker_share()  # before any engine sets its BLAS threads: xdist workers must not oversubscribe
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,14 @@ from minfer.gguf_file import GGUFFile
 from minfer.model_store import KNOWN_MODELS, locate
 from minfer.testing.hf_reference import REFERENCES, fixture_meta, write_reference_gguf
 from minfer.testing.synthetic import SyntheticSpec, write_synthetic_model
+from minfer.testing.workers import pin_to_worker_share
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU and minfer-kernels (tools/gpu-check.sh runs these)")
+    pin_to_worker_share()  # before any engine sets its BLAS threads: xdist workers must not oversubscribe
 
 
 @pytest.fixture(scope="session")

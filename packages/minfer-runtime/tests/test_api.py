@@ -82,3 +82,20 @@ def test_threads_set_numpys_blas_and_are_reported(synthetic_model):
     assert engine.threads == default_threads() and blas_threads() == {default_threads()}
     with pytest.raises(MinferError, match=r"threads must be a positive integer, got 0"):
         engine.set_threads(0)
+
+
+@pytest.mark.parametrize("cpus, workers", [(range(16), 4), (range(16), 3), (range(16), 16), ([2, 3, 5], 8)])
+def test_xdist_workers_split_the_cpus_so_their_default_threads_do_not_oversubscribe(monkeypatch, cpus, workers):
+    from minfer.testing import workers as test_workers
+
+    cpus, shares = list(cpus), []
+    monkeypatch.setattr(test_workers.os, "sched_getaffinity", lambda pid: set(cpus))
+    monkeypatch.setattr(test_workers.os, "sched_setaffinity", lambda pid, share: shares.append(list(share)))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    for index in range(workers):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{index}")
+        test_workers.pin_to_worker_share()
+    if workers <= len(cpus):  # disjoint slices that cover every CPU
+        assert [cpu for share in shares for cpu in share] == cpus and all(shares)
+    else:  # one CPU each, in turn
+        assert shares == [[cpus[index % len(cpus)]] for index in range(workers)]
