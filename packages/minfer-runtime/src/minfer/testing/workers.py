@@ -9,10 +9,10 @@ def pin_to_worker_share() -> None:
     """Under pytest-xdist, pin this worker process to its own slice of the CPUs the run may use.
 
     minfer's default BLAS thread count is one per physical core the process may run on (`minfer.threads`), so
-    N workers that each see every core start N times too many threads, and OpenBLAS's spinning threads slow
-    each other down many times over: on the 16-CPU GPU machine, a CUDA test's CPU reference took 65-175 s with
-    3-4 workers, where the same work takes 6-15 s on 2 cores alone. Pinned, each worker's default is its
-    slice's cores. Outside xdist, or where the OS has no CPU affinity, it does nothing."""
+    N workers that each see every core start N times too many threads, which spin against each other. On the
+    16-CPU GPU machine, CUDA tests whose CPU side takes 6-24 s on 2 cores alone took 47-175 s each with 3-4
+    workers (session 13, docs/PERFORMANCE.md). Pinned, each worker's default is its slice's cores. Outside
+    xdist, or where the OS has no CPU affinity, it does nothing."""
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker is None or workers is None or not hasattr(os, "sched_setaffinity"):
         return
