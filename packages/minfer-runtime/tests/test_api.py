@@ -8,6 +8,7 @@ from threadpoolctl import threadpool_info
 
 import minfer
 from minfer.errors import ContextOverflowError, MinferError
+from minfer.testing import workers as test_workers
 from minfer.threads import default_threads
 
 
@@ -86,8 +87,6 @@ def test_threads_set_numpys_blas_and_are_reported(synthetic_model):
 
 @pytest.mark.parametrize("cpus, workers", [(range(16), 4), (range(16), 3), (range(16), 16), ([2, 3, 5], 8)])
 def test_xdist_workers_split_the_cpus_so_their_default_threads_do_not_oversubscribe(monkeypatch, cpus, workers):
-    from minfer.testing import workers as test_workers
-
     cpus, shares = list(cpus), []
     monkeypatch.setattr(test_workers.os, "sched_getaffinity", lambda pid: set(cpus))
     monkeypatch.setattr(test_workers.os, "sched_setaffinity", lambda pid, share: shares.append(list(share)))
