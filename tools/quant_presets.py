@@ -27,9 +27,10 @@ import numpy as np
 
 import minfer
 
-# Every preset the issue names, in llama-quantize's spelling (F16 is the source itself).
+# Every preset the issue names, in llama-quantize's spelling. F16 too: llama-quantize writes it from the F16 source
+# like any other preset, so its row is a file the tool made, as every other row's is.
 PRESETS = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q5_0", "Q5_1", "Q5_K_S",
-           "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "BF16")  # fmt: skip
+           "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS", "F16", "BF16")  # fmt: skip
 PROMPTS, PROMPT_TOKENS, CONTINUATION = 5, 64, 32
 MAX_LOGIT_ERROR, MIN_IDENTICAL = 1e-2, 4  # test_cuda_backend.py's bounds
 
