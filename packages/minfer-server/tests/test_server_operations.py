@@ -105,16 +105,30 @@ def test_a_stream_past_the_timeout_ends_with_an_error_event(short_timeout_server
         assert json.loads(lines[-2])["done"] is False
 
 
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
+    """The access log's lines so far, each as its fields."""
+    records = [r.getMessage() for r in caplog.records if r.name == "minfer_server.access"]
+    return [dict(field.split("=", 1) for field in line.split(" ")) for line in records]
+
+
 def test_each_request_is_one_access_log_line(running, caplog):
     caplog.set_level(logging.INFO, logger="minfer_server.access")
     reply = httpx.post(f"{running.url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 3}, headers=AUTH)
     assert reply.status_code == 200
     assert httpx.get(f"{running.url}/v1/models", timeout=30).status_code == 401
+    # The server is shared: an earlier test's request (a timed-out stream) may log its line during this one, so
+    # the lines of this test's two requests are picked by method and path.
     deadline = time.monotonic() + 10
-    while len(lines := [r.getMessage() for r in caplog.records if r.name == "minfer_server.access"]) < 2:
-        assert time.monotonic() < deadline, f"no access-log lines, only {lines}"
+    while True:
+        lines = access_lines(caplog)
+        generation = next((line for line in lines if line["path"] == "/v1/chat/completions"), None)
+        refused = next((line for line in lines if line["path"] == "/v1/models"), None)
+        if generation is not None and refused is not None:
+            break
+        assert time.monotonic() < deadline, f"no access-log lines of this test's two requests, only {lines}"
         time.sleep(0.01)
-    generation, refused = (dict(field.split("=", 1) for field in line.split(" ")) for line in lines)
+    assert [line["path"] for line in lines].count("/v1/chat/completions") == 1  # one line per request, not more
+    assert [line["path"] for line in lines].count("/v1/models") == 1
     usage = reply.json()["usage"]
     assert generation["method"] == "POST" and generation["path"] == "/v1/chat/completions"
     assert generation["status"] == "200" and float(generation["duration_s"]) > 0
