@@ -5,8 +5,13 @@
 #
 # llama.cpp comes from the llama-cpp-python sdist's vendor/llama.cpp: LLAMA_CPP names that folder (default
 # .reference/llama-cpp-python-0.3.36-llama.cpp, which `nox -s tests` downloads and unpacks; the GPU machine has
-# no network, so carry it), built for this GPU with CUDA into LLAMA_BUILD (default build/llama.cpp), in the
-# background while the synthetic F16 models are written. LLAMA_BIN, a folder holding llama-bench and
+# no network, so carry it), or a tarball of it, built for this GPU with CUDA into LLAMA_BUILD (default
+# build/llama.cpp), in the background while the synthetic F16 models are written. The folder is 176 MB, mostly
+# what the build does not read; where a carry has a size limit, pack it without that (7.5 MB):
+#   tar -cJf llama-src.tar.xz -C .reference $(for d in models docs tests examples gguf-py benches media scripts \
+#       conversion skills pocs ci requirements .github .devops; do echo --exclude=llama-cpp-python-0.3.36-llama.cpp/$d; \
+#       done) llama-cpp-python-0.3.36-llama.cpp
+# and set LLAMA_CPP=llama-src.tar.xz. LLAMA_BIN, a folder holding llama-bench and
 # llama-quantize already built, skips the build. minfer must be installed (tools/gpu-check.sh builds it).
 # Knobs: CUDA_ARCHS (default native), JOBS (default: every core), SHAPES (default qwen2.5-0.5b llama3.2-1b),
 # WORKDIR (default /tmp/minfer-vs-llamacpp), PYTHON (default python3).
@@ -22,6 +27,10 @@ start=$SECONDS
 if [ -z "${LLAMA_BIN:-}" ]; then
     source_dir=${LLAMA_CPP:-.reference/llama-cpp-python-0.3.36-llama.cpp}
     build_dir=${LLAMA_BUILD:-build/llama.cpp}
+    if [ -f "$source_dir" ]; then  # a tarball of the folder: unpacked beside the models
+        mkdir -p "$WORKDIR/llama-src" && tar -xf "$source_dir" -C "$WORKDIR/llama-src" --strip-components=1 || exit 1
+        source_dir=$WORKDIR/llama-src
+    fi
     if [ ! -f "$source_dir/CMakeLists.txt" ]; then
         echo "bench-vs-llamacpp: no llama.cpp source in $source_dir (set LLAMA_CPP, or LLAMA_BIN to built binaries)" >&2
         exit 1
