@@ -117,7 +117,7 @@ def test_each_request_is_one_access_log_line(running, caplog):
     assert reply.status_code == 200
     assert httpx.get(f"{running.url}/v1/models", timeout=30).status_code == 401
     # The server is shared: an earlier test's request (a timed-out stream) may log its line during this one, so
-    # the lines of this test's two requests are picked by method and path.
+    # the lines of this test's two requests are picked by their paths.
     deadline = time.monotonic() + 10
     while True:
         lines = access_lines(caplog)
