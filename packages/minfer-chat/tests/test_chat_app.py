@@ -376,9 +376,10 @@ async def test_next_message_after_escape_reuses_the_cache(long_context_model, mo
         app.chat.max_tokens = 4
         await submit(pilot, "Thanks")
         assert len(replies(app)) == 2
-        # As after a reply cut by the length limit: only the new turn and the one token sampled but not run.
+        # Only the new turn runs, and the stopped reply's last pick unless the greedy steps of its chunk ran past
+        # it already (Engine._greedy_picks): the cache keeps whatever of the conversation it holds.
         new_turn = new_turn_tokens(app.chat.engine, stopped_turn, app.chat.messages[:3])
-        assert app.chat.last.stats.prompt_tokens == len(new_turn) + 1
+        assert app.chat.last.stats.prompt_tokens in (len(new_turn), len(new_turn) + 1)
 
 
 def test_dropped_turns_notice_agrees_with_its_count():

@@ -339,6 +339,10 @@ void bind_kernels(nb::module_& k) {
                     "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",
                     "x"_a, "out"_a, "workspace"_a, "rows"_a, "n"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "greedy_advance", launch_greedy_advance,
+                    "picks[step[0]] = token[0] (below `capacity` picks; a -1 pick also sets token[0] = 0), then "
+                    "step[0], positions[0] and kv_len[0] grow by one (all device int32).",
+                    "token"_a, "picks"_a, "step"_a, "positions"_a, "kv_len"_a, "capacity"_a, "stream"_a);
     MINFER_LAUNCHER(k, "toy_busy", launch_toy_busy,
                     "For the tutorial only (toys.cu): `blocks` blocks of one warp spin `cycles` GPU clocks; "
                     "out[b] = the clocks block b spun.",

@@ -195,8 +195,10 @@ def test_gemv_gated(rng, stream, dev, launcher, activation, slope, ggml_type, pa
 # (in_features, out_features) for gemv_int8 alone: rows short of one 16-row tile, chunks of two tiles and a
 # partial last one (SmolLM2's width), Qwen2.5-0.5B's width, a last chunk of one row; each row's bytes no multiple
 # of 16, so the copies widen every slice to whole 16-byte units (and copy the tensor's last few bytes by hand).
-INT8_ONLY_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129)]
-# The same in whole super-blocks: one, Qwen3-0.6B's and Llama-3.2-1B's widths, a partial chunk.
+# Llama-3.2-1B's width: rows of a multiple of 32 bytes (Q4_0's 1152, Q8_0's 2176), which come one copy a row.
+INT8_ONLY_SHAPES = [(64, 5), (576, 16411), (896, 300), (32, 129), (2048, 300)]
+# The same in whole super-blocks: one, Qwen3-0.6B's and Llama-3.2-1B's widths (one copy a row for most of these
+# types: Q4_K's 576- and 1152-byte rows), a partial chunk.
 INT8_ONLY_SUPER_BLOCK_SHAPES = [(256, 5), (1024, 16411), (2048, 300), (512, 129)]
 INT8_TYPE_SHAPES = [
     (t, shape)

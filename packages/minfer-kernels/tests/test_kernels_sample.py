@@ -87,3 +87,26 @@ def test_a_marked_row_leaves_the_workspace_ready(rng, stream, dev):
     x = randn(rng, 1, n)
     kernels.argmax_f32(dev(x), out.ptr, space.ptr, 1, n, stream.handle)
     assert from_device(out, 1, np.int32, stream)[0] == np.argmax(x)
+
+
+def test_greedy_advance_makes_the_pick_the_next_steps_inputs(stream):
+    """Three steps' picks recorded in order; each becomes the token, positions and kv_len one further; a -1 pick
+    (a row holding NaN or Inf) is recorded and the token made 0, a row the embedding can read."""
+    token, step, positions, kv_len = (mk.upload(np.array([v], np.int32), stream.handle) for v in (7, 0, 40, 41))
+    picks = poisoned(4, np.int32, stream)
+    for pick in (11, -1, 5):
+        token.copy_from_host(np.array([pick], np.int32), stream.handle)  # argmax_f32 writes it there
+        kernels.greedy_advance(token.ptr, picks.ptr, step.ptr, positions.ptr, kv_len.ptr, 4, stream.handle)
+        assert from_device(token, 1, np.int32, stream)[0] == max(pick, 0)
+    assert list(from_device(picks, 4, np.int32, stream)) == [11, -1, 5, INT_POISON]
+    assert [from_device(b, 1, np.int32, stream)[0] for b in (step, positions, kv_len)] == [3, 43, 44]
+
+
+def test_greedy_advance_records_nothing_past_its_capacity(stream):
+    token, step, positions, kv_len = (mk.upload(np.array([v], np.int32), stream.handle) for v in (9, 2, 0, 1))
+    picks = poisoned(3, np.int32, stream)
+    kernels.greedy_advance(token.ptr, picks.ptr, step.ptr, positions.ptr, kv_len.ptr, 2, stream.handle)
+    assert list(from_device(picks, 3, np.int32, stream)) == [INT_POISON] * 3
+    assert from_device(step, 1, np.int32, stream)[0] == 3
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        kernels.greedy_advance(token.ptr, picks.ptr, step.ptr, positions.ptr, kv_len.ptr, 0, stream.handle)

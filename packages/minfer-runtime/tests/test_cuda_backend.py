@@ -143,6 +143,32 @@ def test_graph_replay_on_and_off_give_identical_tokens(synthetic_model, monkeypa
     assert with_replay == without_replay
 
 
+def test_greedy_steps_on_the_device_match_one_step_at_a_time(synthetic_model):
+    """The greedy steps replayed back to back (argmax into the token input, greedy_advance, the picks read once
+    per GREEDY_CAPACITY), across two of those, against forward + argmax per step on the same engine: the same
+    picks, and the same cache (the next step's logits)."""
+    spec = SPECS["llama"]
+    engine = minfer.load(synthetic_model(spec, "Q8_0", 1), backend="cuda", ctx_size=512)
+    prompt = random_prompts(spec.vocab_size)[0]
+    n = 100  # > GREEDY_CAPACITY (64): two replays' worth of picks
+    first = engine.prefill(prompt)[0].argmax("logits")
+    expected = [first]
+    for step in range(n):
+        expected.append(engine.forward([expected[-1]], len(prompt) + step).argmax("logits"))
+    expected_logits = engine.forward([5], len(prompt) + n).read("logits")
+    engine.reset()
+    engine.prefill(prompt)
+    program = engine.program(1)
+    assert program.compiled.cuda_graph is not None  # the step's graph is captured: greedy_steps replays
+    inputs = {"tokens": [first], "positions": [len(prompt)], "kv_len": [len(prompt) + 1]}
+    assert program.greedy_steps("logits", inputs, n) == expected[1:]
+    assert program.compiled.greedy_graph is not None
+    np.testing.assert_array_equal(engine.forward([5], len(prompt) + n).read("logits"), expected_logits)
+    engine.reset()
+    engine.prefill(prompt)
+    assert engine.greedy(first, len(prompt), n) == expected[1:]  # the engine's chunks, as generation runs them
+
+
 def test_prompt_graphs_are_never_captured(synthetic_model):
     engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
     for _ in range(4):

@@ -61,6 +61,41 @@ def test_incremental_decoding_matches_a_full_forward_pass(engine):
     np.testing.assert_allclose(step, full.read("logits"), rtol=1e-4, atol=1e-5)
 
 
+def one_step_at_a_time(engine: minfer.Engine, token: int, position: int, n: int) -> list[int]:
+    picks = []
+    for step in range(n):
+        token = engine.forward([token], position + step).argmax("logits")
+        picks.append(token)
+    return picks
+
+
+@pytest.mark.parametrize("chunk", [1, 4, minfer.engine.GREEDY_CHUNK])
+def test_greedy_chunks_give_the_picks_and_cache_of_one_step_at_a_time(engine, monkeypatch, chunk):
+    """Engine.greedy (generation's greedy loop: chunks of steps whose picks come back together) against
+    forward + argmax per step: the same picks, kv_tokens and cache (the next step's logits)."""
+    monkeypatch.setattr(minfer.engine, "GREEDY_CHUNK", chunk)
+    ids = engine.encode_prompt("Count to ten")
+    engine.reset()
+    first = engine.prefill(ids)[0].argmax("logits")
+    expected = one_step_at_a_time(engine, first, len(ids), 40)
+    expected_cache, expected_logits = list(engine.kv_tokens), engine.forward([5], len(ids) + 40).read("logits")
+    engine.reset()
+    engine.prefill(ids)
+    assert engine.greedy(first, len(ids), 40) == expected
+    assert engine.kv_tokens == expected_cache  # the last pick is not run: no step has fed it yet
+    np.testing.assert_array_equal(engine.forward([5], len(ids) + 40).read("logits"), expected_logits)
+
+
+def test_greedy_refuses_what_forward_refuses(engine):
+    engine.reset()
+    engine.prefill([5, 6, 7])
+    with pytest.raises(MinferError, match=r"^token id 512 is outside the vocabulary"):
+        engine.greedy(512, 3, 4)
+    with pytest.raises(ContextOverflowError, match=r"positions 250\.\.256 exceed the context size 256"):
+        engine.greedy(5, 250, 7)
+    assert engine.kv_tokens == [5, 6, 7]  # refused before any step ran
+
+
 def test_prefill_reuses_the_cached_prefix(engine):
     ids = engine.encode_prompt("A question about caches")
     engine.reset()

@@ -133,3 +133,27 @@ def test_cuda_reports_bad_weights_too(tmp_path_factory, sampling):
     prompt = engine.encode_prompt("Hello there")
     with pytest.raises(NumericalError, match=non_finite_message(1, len(prompt))):
         list(engine.stream(prompt, max_tokens=8, sampling=sampling))
+
+
+@pytest.mark.cuda
+def test_cuda_names_a_bad_pick_made_on_the_device(tmp_path_factory):
+    """A NaN embedding row of the token the clean model picks at step 8 or later: by then the greedy steps run
+    as replayed chunks (argmax into the token input, greedy_advance), and the -1 pick they record must still be
+    a NumericalError naming its step and position, after the clean picks before it."""
+    needs_cuda()
+    folder = tmp_path_factory.mktemp("cuda-device-pick")
+    clean = write_synthetic_model(folder / "clean.gguf", scaled("tiny-llama", d_model=128, d_ff=256), weight_type="F32")
+    engine = Engine(clean, backend="cuda")
+    prompt = engine.encode_prompt("Tell me a story")
+    reference = Generation()
+    list(engine.stream(prompt, max_tokens=40, sampling=GREEDY, result=reference))
+    tokens = reference.tokens
+    new = [k for k in range(7, len(tokens) - 1) if tokens[k] not in (*prompt, *tokens[:k])]
+    if not new:
+        pytest.fail("no greedy token from step 8 on that is new: pick another prompt")
+    k = new[0]  # tokens[k] is step k + 1 at position len(prompt) + k; fed, it makes step k + 2's logits NaN
+    broken = Engine(poisoned(clean, folder / "row.gguf", "token_embd.weight", np.nan, (tokens[k], 0)), backend="cuda")
+    result = Generation()
+    with pytest.raises(NumericalError, match=non_finite_message(k + 2, len(prompt) + k + 1)):
+        list(broken.stream(prompt, max_tokens=40, sampling=GREEDY, result=result))
+    assert result.tokens == tokens[: k + 1]

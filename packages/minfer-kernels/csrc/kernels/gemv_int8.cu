@@ -961,7 +961,13 @@ bool prefers_format(const GemvGated<ACTIVATION>& e) {
 //   - the slice: as many whole storage blocks (of every type in the launch) as make a stage of at most a third
 //     of the stage budget (all of a row where it fits), balanced over the row's slices;
 //   - stages: as many as the budget holds, MIN_STAGES .. MAX_STAGES;
-//   - contiguous: StoreRows' chunks of whole rows, one stretch of the weight, come in one copy.
+//   - contiguous: StoreRows' chunks of whole rows, one stretch of the weight, come in one copy, unless the
+//     rows' length is a multiple of 32 bytes (Q4_0 and Q4_K at 2048 values: 1152 bytes, 9 x 128): a fragment
+//     load reads the same 16 bytes of 8 rows (lanes g = 0..7), which then sit at most 4 distinct 32-byte
+//     positions apart modulo the 128 bytes of the 32 banks (8 rows on the same banks at 0 mod 128). Those rows
+//     come one copy each, into slots an odd number of 16-byte units long: the 8 windows tile the banks.
+//     (Rows of 8 mod 16 bytes, Qwen2.5-0.5B's 504-byte Q4_0 rows, share a bank pairwise; the single copy still
+//     wins there. Measured in docs/PERFORMANCE.md, session 12.)
 template <class Epilogue>
 bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_features, Int8Launch& launch,
                  std::size_t& shared, int& blocks) {
@@ -983,9 +989,12 @@ bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_
     const std::size_t x_bytes = QuantizedX::bytes(in_features);
     if (x_bytes + STATIC_RESERVE >= std::size_t(limit)) return false;
     const std::size_t budget = std::min(STAGE_BUDGET, std::size_t(limit) - x_bytes - STATIC_RESERVE);
-    // A slot of a slice of `values` values: its bytes in the widest type, and the units around them.
+    // A slot of a slice of `values` values: its bytes in the widest type and the units around them, an odd
+    // number of 16-byte units (slots 16 mod 32 bytes apart: see contiguous below).
     const auto slot_stride = [&](int values) {
-        return int(align_up(std::size_t(values * bytes_per_value) + WINDOW_SLACK, COPY_ALIGNMENT));
+        const std::size_t units =
+            align_up(std::size_t(values * bytes_per_value) + WINDOW_SLACK, COPY_ALIGNMENT) / COPY_ALIGNMENT;
+        return int((units | 1) * COPY_ALIGNMENT);
     };
     const int max_slices = in_features / granule;
     int n_slices = 1;
@@ -1006,7 +1015,8 @@ bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_
     launch.n_slices = n_slices;
     launch.stages = stages;
     launch.slot_stride = slot_stride(slice_values);
-    launch.contiguous = ConsecutiveRows<Epilogue>::value && n_slices == 1;
+    launch.contiguous = ConsecutiveRows<Epilogue>::value && n_slices == 1 &&
+                        row_bytes(weights.parts[0].type, in_features) % (2 * COPY_ALIGNMENT) != 0;
     blocks = std::min(n_chunks, sms);
     return true;
 }

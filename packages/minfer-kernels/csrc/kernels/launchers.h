@@ -109,6 +109,10 @@ cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, c
 // sample.cu. argmax: out[r] = the index of row r's largest value (lowest on ties), -1 if the row holds NaN/+-Inf.
 std::size_t argmax_workspace_bytes(int rows, int n);
 cudaError_t launch_argmax_f32(const float* x, int* out, void* workspace, int rows, int n, cudaStream_t stream);
+// greedy_advance: picks[*step] = token[0] (a -1 pick also makes token[0] 0), then *step, positions[0] and
+// kv_len[0] grow by one: a greedy decode step's pick made the next step's inputs, on the device.
+cudaError_t launch_greedy_advance(int* token, int* picks, int* step, int* positions, int* kv_len, int capacity,
+                                  cudaStream_t stream);
 
 // toys.cu: for the tutorial only (docs/tutorial/toys/streams.py); no graph op uses it.
 cudaError_t launch_toy_busy(long long* out, long long cycles, int blocks, cudaStream_t stream);

@@ -12,6 +12,10 @@
 // then one candidate per warp through shared memory) and writes one candidate to the workspace; the last
 // block of the row to finish (a counter in the workspace, which it resets for the next launch) reduces
 // those and writes the index.
+//
+// greedy_advance turns one greedy decode step's pick into the next step's inputs on the device, so that steps
+// replay back to back with no host round trip between them (the CUDA backend's greedy_steps): it records the
+// pick, and the next step reads it as its token, one position further.
 #include <algorithm>
 #include <cfloat>
 
@@ -135,6 +139,20 @@ int argmax_blocks(int n) { return std::max(1, std::min(ARGMAX_MAX_BLOCKS, ceil_d
 
 std::size_t argmax_counter_bytes(int rows) { return (std::size_t(rows) * sizeof(int) + 15) / 16 * 16; }
 
+// One thread. picks[*step] = the pick in token[0] (argmax_f32's output: -1 for a row holding NaN or Inf),
+// then *step, positions[0] and kv_len[0] grow by one. A -1 pick becomes token 0 for the next step, a row the
+// embedding can read: the steps after it compute nothing that is kept (the host reads the -1 in picks and
+// stops there). Past `capacity` picks the kernel records nothing.
+__global__ void greedy_advance(int* token, int* picks, int* step, int* positions, int* kv_len, int capacity) {
+    const int pick = token[0];
+    const int s = step[0];
+    if (s < capacity) picks[s] = pick;
+    step[0] = s + 1;
+    if (pick < 0) token[0] = 0;
+    positions[0] += 1;
+    kv_len[0] += 1;
+}
+
 }  // namespace
 }  // namespace minfer
 
@@ -154,5 +172,13 @@ extern "C" cudaError_t launch_argmax_f32(const float* x, int* out, void* workspa
     // rows <= 65535. The workspace must start zeroed (every DeviceBuffer does; the kernel leaves it so).
     const dim3 grid(argmax_blocks(n), rows);
     argmax_f32<<<grid, ARGMAX_THREADS, 0, stream>>>(x, out, partials, counters, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_greedy_advance(int* token, int* picks, int* step, int* positions, int* kv_len,
+                                             int capacity, cudaStream_t stream) {
+    if (capacity <= 0) return minfer_refuse("capacity must be positive");
+    // One block of one thread: five scalars.
+    greedy_advance<<<1, 1, 0, stream>>>(token, picks, step, positions, kv_len, capacity);
     return cudaGetLastError();
 }

@@ -50,6 +50,7 @@ attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
 attention_prefill_f32 = _kernels.attention_prefill_f32
 argmax_f32 = _kernels.argmax_f32
 argmax_workspace_bytes = _kernels.argmax_workspace_bytes
+greedy_advance = _kernels.greedy_advance
 toy_busy = _kernels.toy_busy  # for the tutorial only (csrc/kernels/toys.cu)
 TYPES = _kernels.TYPES
 
@@ -73,6 +74,7 @@ __all__ = [
     "gemv_int8",
     "gemv_qkv_rope_store",
     "gemv_swiglu",
+    "greedy_advance",
     "head_norm_rope_f32",
     "kv_store_f32",
     "matmul",

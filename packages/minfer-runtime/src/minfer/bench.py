@@ -181,7 +181,8 @@ def timed_run(
     engine: Engine, context: list[int], prompt: list[int], first_token: int, n_gen: int, announce: Announce
 ) -> int:
     """Nanoseconds to prefill `prompt` after `context` (which the cache holds already: it is not run again),
-    then to generate `n_gen` tokens one by one, each fed the last one's greedy pick."""
+    then to generate `n_gen` tokens one by one, each fed the last one's greedy pick, as generation runs them
+    (Engine.greedy: steps in chunks whose picks come back once a chunk; llama-bench waits for every step)."""
     if prompt:
         announce("prompt")
     elif n_gen:
@@ -194,8 +195,8 @@ def timed_run(
         position += len(prompt)
         if n_gen:
             announce("generation")  # inside the timed run, as llama-bench's progress line is
-    for step in range(n_gen):
-        token = engine.forward([token], position + step).argmax("logits")
+    if n_gen:
+        engine.greedy(token, position, n_gen)
     return time.perf_counter_ns() - started
 
 

@@ -42,6 +42,7 @@ from minfer.tokenizer import Tokenizer
 DEFAULT_CTX_SIZE = 4096
 PREFILL_CHUNK = 512  # longest prompt piece run as one graph (llama.cpp's default batch)
 GRAPH_CACHE_SIZE = 4  # compiled graphs kept per engine: decode, and a few prompt lengths
+GREEDY_CHUNK = 32  # most greedy steps run before their picks come back (the chunks grow 1, 2, 4, ... to this)
 
 
 @dataclass(frozen=True)
@@ -184,13 +185,29 @@ class Engine:
             return self._forward(tokens, start)
 
     def _forward(self, tokens: Sequence[int], start: int) -> Program:
-        n = len(tokens)
-        if n == 0:
+        ids = self._checked_ids(tokens, start, len(tokens))
+        program = self.program(len(tokens))
+        program.run(
+            {
+                "tokens": ids,
+                "positions": np.arange(start, start + len(tokens), dtype=np.int32),
+                "kv_len": np.array([start + len(tokens)], dtype=np.int32),
+            }
+        )
+        del self.kv_tokens[start:]  # in place: a decode step appends one token, not a copy of the history
+        self.kv_tokens.extend(tokens)
+        return program
+
+    def _checked_ids(self, tokens: Sequence[int], start: int, n_positions: int) -> np.ndarray:
+        """`tokens` as int32 ids, once they and positions start .. start + n_positions - 1 are checked."""
+        if not tokens:
             raise MinferError("no tokens to run")
         if not isinstance(start, Integral) or start < 0:
             raise MinferError(f"start position {start!r} is not a position (an integer from 0)")
-        if start + n > self.ctx_size:
-            raise ContextOverflowError(f"positions {start}..{start + n - 1} exceed the context size {self.ctx_size}")
+        if start + n_positions > self.ctx_size:
+            raise ContextOverflowError(
+                f"positions {start}..{start + n_positions - 1} exceed the context size {self.ctx_size}"
+            )
         ids = np.asarray(tokens)
         # One vectorized check (a 512-token chunk checked in a Python loop cost ~190 us); the loop below only
         # runs to name the first bad id, whichever way it is out of range.
@@ -200,18 +217,41 @@ class Engine:
                     raise MinferError(
                         f"token id {token!r} is outside the vocabulary (integers 0..{self.config.vocab_size - 1})"
                     )
-        ids = ids.astype(np.int32)
-        program = self.program(n)
-        program.run(
-            {
-                "tokens": ids,
-                "positions": np.arange(start, start + n, dtype=np.int32),
-                "kv_len": np.array([start + n], dtype=np.int32),
-            }
-        )
-        del self.kv_tokens[start:]  # in place: a decode step appends one token, not a copy of the history
-        self.kv_tokens.extend(tokens)
-        return program
+        return ids.astype(np.int32)
+
+    def greedy(self, token: int, position: int, n: int) -> list[int]:
+        """`n` greedy picks after `token` at `position` (the cache holds what comes before it), each fed the
+        last, run as generation runs them (`_greedy_picks`); refused before any step runs where the steps would
+        not fit the context."""
+        with self._hold():
+            self._checked_ids([token], position, n)
+            return list(self._greedy_picks(token, position, n, first_step=1))
+
+    def _greedy_picks(self, token: int, position: int, limit: int, *, first_step: int) -> Iterator[int]:
+        """Up to `limit` greedy picks after `token` (at `position`, not in the cache yet), in chunks of steps the
+        backend runs before their picks come back: 1, 2, 4, ... GREEDY_CHUNK steps, so the first picks stream out
+        at once and later ones wait for the device once a chunk (Program.greedy_steps). A consumer that stops
+        early leaves the rest of a chunk run for nothing; the cache holds those steps' tokens, and kv_tokens says
+        so. `first_step` numbers the first pick among the generated tokens (NumericalError names it).
+        """
+        chunk, produced = 1, 0
+        while produced < limit:
+            n, at = min(chunk, limit - produced), position + produced
+            ids = self._checked_ids([token], at, n)
+            inputs = {"tokens": ids, "positions": np.array([at], np.int32), "kv_len": np.array([at + 1], np.int32)}
+            picks = self.program(1).greedy_steps("logits", inputs, n)
+            del self.kv_tokens[at:]
+            self.kv_tokens.extend([token, *picks[: n - 1]])  # each step's token; the last pick is not run yet
+            for index, pick in enumerate(picks):
+                if pick < 0:  # the backend's mark of logits holding NaN or Inf
+                    del self.kv_tokens[at + index + 1 :]
+                    raise NumericalError(
+                        f"non-finite logits (NaN or Inf) at generation step {first_step + produced + index} "
+                        f"(position {at + index + 1}): the model's weights or hyperparameters produce NaN/Inf"
+                    )
+                yield pick
+            produced += n
+            token, chunk = picks[-1], min(2 * chunk, GREEDY_CHUNK)
 
     def prefill(self, tokens: Sequence[int]) -> tuple[Program, int]:
         """Bring the cache to hold exactly `tokens`, running only what is not cached already.
@@ -404,6 +444,7 @@ class Engine:
                 stats.prompt_seconds = time.perf_counter() - started
                 started = time.perf_counter()
                 history = [*prompt_tokens]
+                greedy_picks: Iterator[int] | None = None
                 while True:
                     if token in self.tokenizer.stop_ids:
                         stats.stop_reason = "eos"
@@ -426,8 +467,17 @@ class Engine:
                     if stats.generated_tokens >= max_tokens:
                         stats.stop_reason = "length"
                         break
-                    program = self._forward([token], len(history) - 1)
-                    token = self.pick(program, sampler, history, step=stats.generated_tokens + 1, matcher=matcher)
+                    if greedy_picks is not None:
+                        token = next(greedy_picks)
+                    elif matcher is None and not sampler.needs_logits:  # greedy: the picks stay on the device
+                        greedy_picks = self._greedy_picks(
+                            token, len(history) - 1, max_tokens - stats.generated_tokens,
+                            first_step=stats.generated_tokens + 1,
+                        )  # fmt: skip
+                        token = next(greedy_picks)
+                    else:
+                        program = self._forward([token], len(history) - 1)
+                        token = self.pick(program, sampler, history, step=stats.generated_tokens + 1, matcher=matcher)
                 if stats.stop_reason != "stop":
                     tail, _ = stops.feed(decoder.flush(), final=True)
                     if tail:

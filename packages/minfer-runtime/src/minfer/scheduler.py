@@ -38,6 +38,9 @@ class Program:
     def argmax(self, output: str) -> int:
         return self.compiled.argmax(self.graph.outputs[output])
 
+    def greedy_steps(self, output: str, inputs: dict[str, np.ndarray], n: int) -> list[int]:
+        return self.compiled.greedy_steps(self.graph.outputs[output], inputs, n)
+
     def release(self) -> None:
         self.compiled.release()
 

@@ -63,6 +63,25 @@ class CompiledGraph(ABC):
             raise NumericalError(f"non-finite values (NaN or Inf) in '{tensor.name}'")
         return int(np.argmax(row))
 
+    def greedy_steps(self, logits: Tensor, inputs: dict[str, np.ndarray], n: int) -> list[int]:
+        """`n` runs of a one-token decode graph, the first on `inputs` (`tokens`, `positions`, `kv_len`), each
+        next one on the argmax of the last one's `logits` row, one position further: the n picks, in order.
+
+        A row holding NaN or Inf ends the list with -1 (the picks after it would be noise). Here each run's pick
+        comes back to the host before the next runs; a backend may keep them on its device instead.
+        """
+        token, position = int(inputs["tokens"][0]), int(inputs["positions"][0])
+        picks: list[int] = []
+        for step in range(n):
+            at = position + step
+            self.run({"tokens": np.array([token]), "positions": np.array([at]), "kv_len": np.array([at + 1])})
+            try:
+                token = self.argmax(logits)
+            except NumericalError:
+                return [*picks, -1]
+            picks.append(token)
+        return picks
+
     def release(self) -> None:  # noqa: B027 (most backends have nothing to give back)
         """Give scratch memory back to the backend: the graph will not run again."""
 

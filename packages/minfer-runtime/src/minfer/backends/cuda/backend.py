@@ -50,6 +50,8 @@ class CudaCompiledGraph(CompiledGraph):
     """A lowered graph's buffers, checks and launches, and the replay state machine that runs them."""
 
     WARMUP_RUNS = 2  # runs before the capture, as llama.cpp does: first-use costs stay out of the graph
+    GREEDY_CAPACITY = 64  # picks a replay of greedy steps keeps on the device before they are read back
+    DECODE_INPUTS = frozenset({"tokens", "positions", "kv_len"})  # what greedy_advance moves on
 
     def __init__(self, backend: CudaBackend, graph: Graph, plan: BufferPlan) -> None:
         self.backend = backend
@@ -70,6 +72,9 @@ class CudaCompiledGraph(CompiledGraph):
         decode = tokens is not None and tokens.shape[0] == 1  # only one-token graphs are replayed
         self.replays = decode and not env_flag("MINFER_NO_CUDA_GRAPH")
         self.cuda_graph: mk.CudaGraph | None = None
+        self.greedy_graph: mk.CudaGraph | None = None  # the step, its argmax and greedy_advance (greedy_steps)
+        self.greedy_picks = allocate(4 * self.GREEDY_CAPACITY, "the greedy picks")
+        self.greedy_step = allocate(4, "the greedy step counter")
 
     def ptr(self, tensor: Tensor) -> int:
         return self.storage(tensor).ptr
@@ -142,22 +147,78 @@ class CudaCompiledGraph(CompiledGraph):
 
     def argmax(self, tensor: Tensor) -> int:
         """The greedy pick on the device: only 4 bytes come back."""
-        rows, n = tensor.shape
-        if rows != 1:
-            raise BackendError(f"cuda: argmax of '{tensor.name}' needs one row, it has {rows}")
-        needed = mk.kernels.argmax_workspace_bytes(1, n)
-        if self.argmax_workspace is None or self.argmax_workspace.nbytes < needed:
-            self.argmax_workspace = allocate(needed, "the argmax workspace")  # zeroed, as the kernel needs
-        buffers = dict(x=self.ptr(tensor), out=self.argmax_out.ptr, workspace=self.argmax_workspace.ptr)
-        mk.kernels.argmax_f32(**buffers, rows=1, n=n, stream=self.stream)
+        self.launch_argmax(tensor, self.argmax_out)
         index = int(self.backend.readback.read(self.argmax_out, 4, np.dtype(np.int32), (1,))[0])
         if index < 0:  # the kernel's mark of a row holding NaN or Inf
             raise NumericalError(f"cuda: non-finite values (NaN or Inf) in '{tensor.name}'")
         return index
 
+    def launch_argmax(self, tensor: Tensor, out: mk.DeviceBuffer) -> None:
+        """argmax_f32 of a one-row output into `out` (int32), its workspace allocated on first use."""
+        rows, n = tensor.shape
+        if rows != 1:
+            raise BackendError(f"cuda: argmax of '{tensor.name}' needs one row, it has {rows}")
+        buffers = dict(x=self.ptr(tensor), out=out.ptr, workspace=self.argmax_space(n).ptr)
+        mk.kernels.argmax_f32(**buffers, rows=1, n=n, stream=self.stream)
+
+    def argmax_space(self, n: int) -> mk.DeviceBuffer:
+        """The workspace of an argmax over `n` values, allocated (zeroed, as the kernel needs) on first use."""
+        needed = mk.kernels.argmax_workspace_bytes(1, n)
+        if self.argmax_workspace is None or self.argmax_workspace.nbytes < needed:
+            self.argmax_workspace = allocate(needed, "the argmax workspace")
+        return self.argmax_workspace
+
+    def greedy_steps(self, logits: Tensor, inputs: dict[str, np.ndarray], n: int) -> list[int]:
+        """The steps replayed back to back, the picks read back once per GREEDY_CAPACITY of them: the replayed
+        graph is the step, argmax_f32 into the token input and greedy_advance (the position and KV length one
+        further, the pick recorded), so no step waits for the host.
+
+        Until the step's own graph is captured (its warm-up runs), with replay off or op timing on, the host
+        loop of CompiledGraph.greedy_steps runs instead: the same steps, each pick read back before the next.
+        """
+        if self.cuda_graph is None or self.backend.timer is not None or set(self.graph.inputs) != self.DECODE_INPUTS:
+            return super().greedy_steps(logits, inputs, n)
+        if self.greedy_graph is None:
+            self.greedy_graph = self.capture_greedy(logits)
+        staging, stream = self.backend.staging, self.stream
+        for name, value in checked_inputs("cuda", self.graph, inputs).items():
+            staging.upload(self.inputs[name], value)
+        picks: list[int] = []
+        while len(picks) < n:
+            count = min(n - len(picks), self.GREEDY_CAPACITY)
+            staging.upload(self.greedy_step, np.zeros(1, np.int32))
+            for _ in range(count):
+                self.greedy_graph.launch(stream)
+            self.runs += count
+            read = self.backend.readback.read(self.greedy_picks, 4 * count, np.dtype(np.int32), (count,))
+            for pick in read.tolist():
+                picks.append(pick)
+                if pick < 0:  # a row holding NaN or Inf: what followed it is noise
+                    return picks
+        return picks
+
+    def capture_greedy(self, logits: Tensor) -> mk.CudaGraph:
+        """The graph greedy_steps replays: the step's launches, the pick written over the token input, and
+        greedy_advance. The argmax workspace exists before the capture (nothing is allocated inside one)."""
+        stream = self.stream
+        tokens, positions, kv_len = (self.inputs[name] for name in ("tokens", "positions", "kv_len"))
+        self.argmax_space(logits.shape[1])
+        mk.begin_capture(stream)
+        try:
+            self.launch_all()
+            self.launch_argmax(logits, tokens)
+            mk.kernels.greedy_advance(
+                token=tokens.ptr, picks=self.greedy_picks.ptr, step=self.greedy_step.ptr, positions=positions.ptr,
+                kv_len=kv_len.ptr, capacity=self.GREEDY_CAPACITY, stream=stream,
+            )  # fmt: skip
+        finally:
+            graph = mk.end_capture(stream)
+        return graph
+
     def release(self) -> None:
         """Give the scratch buffers back to the pool (the captured graph that used them goes first)."""
         self.cuda_graph = None
+        self.greedy_graph = None
         self.backend.pool.release(self.slots)
         self.slots = []
 
