@@ -120,15 +120,17 @@ wanted kernels && run_step "kernel tests" tests.log \
     env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
     "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" packages/minfer-kernels/tests
 
-# 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode).
+# 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode). It runs on the test steps'
+# workers: compute-sanitizer follows every process the run starts (--target-processes all), and one process
+# alone takes longer than a 10-minute device call over the whole suite.
 if ! wanted memcheck; then
     :
 elif command -v compute-sanitizer >/dev/null; then
     run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" \
-        compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20 \
-        "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" \
-        packages/minfer-kernels/tests
+        compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 \
+        "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" \
+        -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" packages/minfer-kernels/tests
 else
     SUMMARY+=("FAIL  memcheck: compute-sanitizer not found (looked on PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)")
     STATUS=1
