@@ -66,10 +66,31 @@ GEMM_CASES = [(t, shape) for t in mk.GGMLType if t not in SUPER_BLOCK_TYPES for 
 TOKENS = [16, 17, 33, 100, 512, 513]
 
 
+@functools.cache
+def multiprocessors() -> int:
+    return mk.devices()[0].sm_count
+
+
+def splits(parts: tuple[int, ...], in_features: int, n_tokens: int) -> int:
+    """The slices of K gemm_group cuts a launch of these parts (out_features each) into on this GPU."""
+    return kernels.gemm_splits(*parts, *[0] * (3 - len(parts)), in_features, n_tokens, multiprocessors())
+
+
+def workspace(stream: mk.Stream, parts: tuple[int, ...], in_features: int, n_tokens: int):
+    """(the workspace of a launch of these parts, poisoned: a slice that left its sums out shows; its bytes), or
+    (None, 0) where the launch does not split K. Hold the buffer until the launch has run."""
+    nbytes = kernels.gemm_workspace_bytes(*parts, *[0] * (3 - len(parts)), in_features, n_tokens, multiprocessors())
+    return (poisoned((nbytes // 4,), np.float32, stream), nbytes) if nbytes else (None, 0)
+
+
 def run_gemm(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raw: np.ndarray, x: np.ndarray, out_features: int):
     n_tokens, in_features = x.shape
     y = poisoned((n_tokens, out_features), np.float32, stream)
-    kernels.gemm(dev(raw), ggml_type, dev(x), y.ptr, in_features, out_features, n_tokens, stream.handle)
+    space, nbytes = workspace(stream, (out_features,), in_features, n_tokens)
+    kernels.gemm(
+        dev(raw), ggml_type, dev(x), y.ptr, in_features, out_features, n_tokens, space and space.ptr, nbytes,
+        stream.handle,
+    )  # fmt: skip
     return from_device(y, (n_tokens, out_features), np.float32, stream)
 
 
@@ -130,34 +151,95 @@ GROUP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("n_tokens", [16, 100, 512])
-@pytest.mark.parametrize(("ggml_type", "in_features", "parts"), GROUP_CASES, ids=str)
-def test_gemm_group_equals_one_gemm_per_part(rng, stream, dev, ggml_type, in_features, parts, n_tokens):
-    """Each part of a group is the product gemm computes alone, to the bit (the same blocks do the same
-    steps), and close to the float64 reference."""
-    x = randn(rng, n_tokens, in_features)
-    x_dev = dev(x)
-    raws, values = zip(*(weights(ggml_type, n, in_features) for n in parts), strict=True)
+def run_gemm_group(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raws, x: np.ndarray, parts: tuple[int, ...]):
+    """Each part's y of one gemm_group launch of up to three weights (their GGUF bytes `raws`) by x."""
+    n_tokens, in_features = x.shape
     outputs = [poisoned((n_tokens, n), np.float32, stream) for n in parts]
     arguments = []
     for index in range(3):
         present = index < len(parts)
-        arguments += [dev(raws[index]), outputs[index].ptr, parts[index]] if present else [0, 0, 0]
-    kernels.gemm_group(*arguments, ggml_type, x_dev, in_features, n_tokens, stream.handle)
-    for raw, value, output, n in zip(raws, values, outputs, parts, strict=True):
-        grouped = from_device(output, (n_tokens, n), np.float32, stream)
+        arguments += [dev(raws[index]), outputs[index].ptr, parts[index]] if present else [None, None, 0]
+    space, nbytes = workspace(stream, parts, in_features, n_tokens)
+    kernels.gemm_group(*arguments, ggml_type, dev(x), in_features, n_tokens, space and space.ptr, nbytes, stream.handle)
+    return [from_device(output, (n_tokens, n), np.float32, stream) for output, n in zip(outputs, parts, strict=True)]
+
+
+@pytest.mark.parametrize("n_tokens", [16, 100, 512])
+@pytest.mark.parametrize(("ggml_type", "in_features", "parts"), GROUP_CASES, ids=str)
+def test_gemm_group_equals_one_gemm_per_part(rng, stream, dev, ggml_type, in_features, parts, n_tokens):
+    """Each part of a group is the product gemm computes alone, to the bit where both cut K into as many slices
+    (the same blocks do the same steps and the slices add up in the same order), and close to the float64
+    reference. (A group's tiles fill more of the GPU than one part's, so it may cut K into fewer slices; the
+    sums then add up in another order.)"""
+    x = randn(rng, n_tokens, in_features)
+    raws, values = zip(*(weights(ggml_type, n, in_features) for n in parts), strict=True)
+    grouped = run_gemm_group(stream, dev, ggml_type, raws, x, parts)
+    for raw, value, part, n in zip(raws, values, grouped, parts, strict=True):
         alone = run_gemm(stream, dev, ggml_type, raw, x, n)
-        assert np.array_equal(grouped, alone), f"part of {n} outputs differs from its own gemm"
-        assert_gemm_close(grouped, value, x, f"gemm_group {ggml_type.name} part {in_features}->{n} x{n_tokens}")
+        if splits(parts, in_features, n_tokens) == splits((n,), in_features, n_tokens):
+            assert np.array_equal(part, alone), f"part of {n} outputs differs from its own gemm"
+        assert_gemm_close(part, value, x, f"gemm_group {ggml_type.name} part {in_features}->{n} x{n_tokens}")
+
+
+# Products that cut K into slices on an H200 (132 SMs), in every type the tests above cover: Qwen2.5-0.5B's
+# ffn_down (2 slices at 512 tokens, 8 at 128 and 17) and 33 outputs of its rows (8 slices), odd in tokens,
+# tiles and outputs; and a group of three parts of those rows (7 slices at 128 tokens, 8 at 17, none at 512).
+SPLIT_TOKENS = [17, 128, 512]
+SPLIT_CASES = [(t, shape) for t in mk.GGMLType for shape in [(4864, 896), (4864, 33)]]
+SPLIT_GROUP = (896, 128, 33)
+
+
+@pytest.mark.parametrize("n_tokens", SPLIT_TOKENS)
+@pytest.mark.parametrize(("ggml_type", "shape"), SPLIT_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_split_gemm_matches_float64_and_repeats_to_the_bit(rng, stream, dev, ggml_type, shape, n_tokens):
+    """Slices of K added up in slice order by gemm_sum_splits: within the bounds of the unsplit product (only the
+    float32 sums' order changes), and the same bits on every run (no atomics)."""
+    in_features, out_features = shape
+    raw, values = weights(ggml_type, out_features, in_features)
+    x = randn(rng, n_tokens, in_features)
+    got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
+    slices = splits((out_features,), in_features, n_tokens)
+    what = f"gemm {ggml_type.name} {in_features}->{out_features} x{n_tokens} in {slices} slices"
+    assert_gemm_close(got, values, x, what)
+    assert np.array_equal(run_gemm(stream, dev, ggml_type, raw, x, out_features), got), f"{what}: a rerun differs"
+
+
+@pytest.mark.parametrize("n_tokens", SPLIT_TOKENS)
+@pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
+def test_split_gemm_group_of_three_parts(rng, stream, dev, ggml_type, n_tokens):
+    """A group's slices keep each part's partial sums apart in the workspace and add them into each part's y."""
+    in_features = 4864
+    x = randn(rng, n_tokens, in_features)
+    raws, values = zip(*(weights(ggml_type, n, in_features) for n in SPLIT_GROUP), strict=True)
+    grouped = run_gemm_group(stream, dev, ggml_type, raws, x, SPLIT_GROUP)
+    what = f"gemm_group {ggml_type.name} x{n_tokens} in {splits(SPLIT_GROUP, in_features, n_tokens)} slices"
+    for value, part, n in zip(values, grouped, SPLIT_GROUP, strict=True):
+        assert_gemm_close(part, value, x, f"{what}: part {in_features}->{n}")
+    again = run_gemm_group(stream, dev, ggml_type, raws, x, SPLIT_GROUP)
+    assert all(np.array_equal(a, b) for a, b in zip(again, grouped, strict=True)), f"{what}: a rerun differs"
+
+
+def test_gemm_refuses_a_workspace_too_small_for_its_slices(stream):
+    """33 outputs of 4864-value rows at 128 tokens: two tiles, fewer than any GPU's block slots, so K is cut."""
+    assert splits((33,), 4864, 128) > 1
+    nbytes = kernels.gemm_workspace_bytes(33, 0, 0, 4864, 128, multiprocessors())
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    for space, size in ((p, nbytes - 4), (None, nbytes), (p + 2, nbytes)):
+        with pytest.raises(ValueError, match=r"launch_gemm refused .*workspace must hold gemm_workspace_bytes"):
+            kernels.gemm(p, mk.GGMLType.Q8_0, p, p, 4864, 33, 128, space, size, h)
+        with pytest.raises(ValueError, match=r"launch_gemm_group refused .*workspace must hold"):
+            kernels.gemm_group(p, p, 33, None, None, 0, None, None, 0, mk.GGMLType.Q8_0, p, 4864, 128, space, size, h)
+    mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 
 def test_gemm_group_refuses_a_part_after_an_absent_one(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
     with pytest.raises(ValueError, match=r"launch_gemm_group refused .*absent part has none after it"):
-        kernels.gemm_group(p, p, 4, 0, 0, 0, p, p, 4, mk.GGMLType.Q4_0, p, 32, 16, h)
+        kernels.gemm_group(p, p, 4, 0, 0, 0, p, p, 4, mk.GGMLType.Q4_0, p, 32, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_group refused .*absent part has none after it"):
-        kernels.gemm_group(p, p, 4, p, p, -1, 0, 0, 0, mk.GGMLType.Q4_0, p, 32, 16, h)
+        kernels.gemm_group(p, p, 4, p, p, -1, 0, 0, 0, mk.GGMLType.Q4_0, p, 32, 16, None, 0, h)
     mk.sync(h)
 
 
@@ -165,19 +247,19 @@ def test_gemm_refuses_what_it_cannot_compute(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
     with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
-        kernels.gemm(p, mk.GGMLType.F32, p, p, 33, 4, 16, h)
+        kernels.gemm(p, mk.GGMLType.F32, p, p, 33, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*type must be"):
-        kernels.gemm(p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, h)  # a type no kernel reads
+        kernels.gemm(p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, None, 0, h)  # a type no kernel reads
     for super_block_type in SUPER_BLOCK_TYPES:
         with pytest.raises(ValueError, match=r"launch_gemm refused .*whole 256-value super-blocks"):
-            kernels.gemm(p, super_block_type, p, p, 32 * 9, 4, 16, h)
+            kernels.gemm(p, super_block_type, p, p, 32 * 9, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*positive"):
-        kernels.gemm(p, mk.GGMLType.Q4_0, p, p, 32, 4, 0, h)
+        kernels.gemm(p, mk.GGMLType.Q4_0, p, p, 32, 4, 0, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*x must be 16-byte aligned"):
-        kernels.gemm(p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, h)
+        kernels.gemm(p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, None, 0, h)
     for float_type in (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16):
         with pytest.raises(ValueError, match=r"launch_gemm refused .*weight must be 16-byte aligned"):
-            kernels.gemm(p + 4, float_type, p, p, 32, 4, 16, h)
+            kernels.gemm(p + 4, float_type, p, p, 32, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*4-byte aligned"):
-        kernels.gemm(p + 2, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
+        kernels.gemm(p + 2, mk.GGMLType.Q4_0, p, p, 32, 4, 16, None, 0, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending

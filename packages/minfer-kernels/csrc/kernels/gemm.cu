@@ -23,11 +23,18 @@
 // shared-memory buffers and one or two register stages (pipeline_step) hide part of the load latency
 // (copying raw bytes further ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
 //
+// Split K. A narrow product's tiles can be too few for the GPU (ffn_down at 512 tokens: 112 64 x 64 tiles for
+// an H200's 264 block slots), and each of them walks a long K bound by its loads' latency (152 steps). Then
+// each tile's K is cut into slices (splits_for), one block each: a slice's block writes its partial tile into
+// a workspace, and gemm_sum_splits adds the slices up in slice order, so the result does not depend on which
+// block finished first.
+//
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
 // multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That instruction
 // set exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
 // layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build) take a scalar path through the
 // same shared-memory tiles. Every compiled architecture computes the same function.
+#include <algorithm>
 #include <climits>
 
 #include "common.cuh"
@@ -625,12 +632,13 @@ struct StepRegisters {
     typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
 };
 
-// Where a block's steps come from: x, W and the block's first token and first row.
+// Where a block's steps come from: x, W, the block's first token and first row, and its slice's first step
+// (step s of the block is step first_step + s of the rows).
 struct StepSource {
     const float* x;
     const std::uint8_t* weight;
     long long row_bytes;
-    int in_features, n_tokens, out_features, first_token, first_row;
+    int in_features, n_tokens, out_features, first_token, first_row, first_step;
 };
 
 // x tile: BM tokens x 32 values; float4 i of the tile is token i / 8, values 4 (i % 8) ..., so consecutive
@@ -643,7 +651,7 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
         const int token = source.first_token + i / X_VECTORS_PER_ROW;
-        const int column = step * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
+        const int column = (source.first_step + step) * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
         regs.x[v] = token < source.n_tokens
                         ? *reinterpret_cast<const float4*>(source.x + std::size_t(token) * source.in_features + column)
                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -652,7 +660,8 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
         const int i = threadIdx.x + p * Tiles::THREADS;
         const int row = source.first_row + i / 2;
-        if (row < source.out_features) regs.w[p] = Format::load(source.weight + row * source.row_bytes, step, i % 2);
+        if (row < source.out_features)
+            regs.w[p] = Format::load(source.weight + row * source.row_bytes, source.first_step + step, i % 2);
     }
 }
 
@@ -768,18 +777,36 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
 
 // The products of one launch: up to MAX_GEMM_PARTS weights of one type and row length that multiply the
 // same x (a layer's q, k and v projections), each into its own y. Part p's tiles of output features are
-// first_tile[p] .. first_tile[p + 1] - 1 of the grid's x axis; the absent parts' first_tile is past the
-// grid. One launch instead of three lets the narrow products' few blocks run side by side.
+// first_tile[p] .. first_tile[p + 1] - 1 of the grid's x axis, its outputs columns first_column[p] ..
+// first_column[p + 1] - 1 of one token's outputs of every part in turn (gemm_sum_splits); an absent part's
+// first_tile and first_column are past them all. One launch instead of three lets the narrow products' few
+// blocks run side by side. When the launch splits K, part p's slices keep their sums in partial[p]:
+// [splits][n_tokens][out_features] floats of the workspace.
 constexpr int MAX_GEMM_PARTS = 3;
 struct GemmParts {
     const std::uint8_t* weight[MAX_GEMM_PARTS];
     float* y[MAX_GEMM_PARTS];
+    float* partial[MAX_GEMM_PARTS];
     int out_features[MAX_GEMM_PARTS];
     int first_tile[MAX_GEMM_PARTS];
+    int first_column[MAX_GEMM_PARTS];
 };
 
+// The part a tile (or a column) belongs to, from the parts' first tiles (or columns), with selects: indexing
+// the parameter arrays by a computed index would copy them to local memory.
+__device__ __forceinline__ int part_of(int index, const int (&first)[MAX_GEMM_PARTS]) {
+    return index >= first[2] ? 2 : (index >= first[1] ? 1 : 0);
+}
+
+template <typename T>
+__device__ __forceinline__ T part_value(int part, const T (&values)[MAX_GEMM_PARTS]) {
+    return part == 0 ? values[0] : (part == 1 ? values[1] : values[2]);
+}
+
 // Block: Tiles::THREADS threads; blockIdx.x the tile of output features (of all parts, in order),
-// blockIdx.y the tile of tokens.
+// blockIdx.y the tile of tokens, blockIdx.z the slice of K: slice z of gridDim.z multiplies the contiguous
+// steps z * n / gridDim.z .. (z + 1) * n / gridDim.z - 1 of the n steps of the rows. With one slice the block
+// writes its tile of y; with more, its partial sums, which gemm_sum_splits adds up.
 template <class Tiles, class Format>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_f16_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
@@ -787,22 +814,21 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     __shared__ __align__(16) __half x_tiles[2][Tiles::BM * TILE_STRIDE];
     __shared__ __align__(16) __half w_tiles[2][Tiles::BN * TILE_STRIDE];
 
-    // This block's part, picked with selects (indexing the parameter arrays would copy them to local memory).
     const int tile = blockIdx.x;
-    const int part = tile >= parts.first_tile[2] ? 2 : (tile >= parts.first_tile[1] ? 1 : 0);
-    const std::uint8_t* weight = part == 0 ? parts.weight[0] : (part == 1 ? parts.weight[1] : parts.weight[2]);
-    float* y = part == 0 ? parts.y[0] : (part == 1 ? parts.y[1] : parts.y[2]);
-    const int out_features =
-        part == 0 ? parts.out_features[0] : (part == 1 ? parts.out_features[1] : parts.out_features[2]);
-    const int part_tile =
-        tile - (part == 0 ? parts.first_tile[0] : (part == 1 ? parts.first_tile[1] : parts.first_tile[2]));
-    const int first_row = part_tile * Tiles::BN;
+    const int part = part_of(tile, parts.first_tile);
+    const std::uint8_t* weight = part_value(part, parts.weight);
+    const int out_features = part_value(part, parts.out_features);
+    const int first_row = (tile - part_value(part, parts.first_tile)) * Tiles::BN;
     const int first_token = blockIdx.y * Tiles::BM;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp_row = (warp / Tiles::WARPS_N) * Tiles::WARP_M;
     const int warp_column = (warp % Tiles::WARPS_N) * Tiles::WARP_N;
-    const int n_steps = in_features / K_STEP;
+    const int all_steps = in_features / K_STEP;
+    const int slice = blockIdx.z;
+    const int slices = gridDim.z;
+    const int first_step = slice * all_steps / slices;
+    const int n_steps = (slice + 1) * all_steps / slices - first_step;
     const int rows_left = out_features - first_row;
 
     float acc[Tiles::FRAGS_M][Tiles::FRAGS_N][4] = {};
@@ -812,7 +838,8 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     // into the other buffer (last read in step s - 1, before the barrier that ended it) and meets the barrier:
     // a load has two steps of products to arrive in, not one.
     StepRegisters<Tiles, Format> even, odd;  // with one register stage, `even` serves every step
-    const StepSource source{x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row};
+    const StepSource source{x,           weight,    row_bytes, in_features, n_tokens, out_features,
+                            first_token, first_row, first_step};
     load_step(even, source, 0);
     store_step(even, x_tiles[0], w_tiles[0], rows_left);
     if constexpr (Tiles::REGISTER_STAGES == 1) {
@@ -834,6 +861,9 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
         }
     }
 
+    // One slice: y itself. Several: this slice's [n_tokens][out_features] of the part's partial sums.
+    float* out = slices == 1 ? part_value(part, parts.y)
+                             : part_value(part, parts.partial) + std::size_t(slice) * n_tokens * out_features;
     // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
 #pragma unroll
     for (int i = 0; i < Tiles::FRAGS_M; ++i)
@@ -844,8 +874,27 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
                 const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
                 const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
                 if (token < n_tokens && column < out_features)
-                    y[std::size_t(token) * out_features + column] = acc[i][j][e];
+                    out[std::size_t(token) * out_features + column] = acc[i][j][e];
             }
+}
+
+// y = the sum of a split launch's slices, added in slice order: the same additions in the same order on
+// every run, so the result is deterministic (atomic adds into y would sum in whatever order the blocks end).
+// Thread: output i of the launch's n_tokens x all_outputs, token i / all_outputs, column i % all_outputs of
+// one token's outputs of every part in turn.
+__global__ void gemm_sum_splits(GemmParts parts, int splits, int n_tokens, int all_outputs) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_tokens * all_outputs) return;
+    const int token = i / all_outputs;
+    const int part = part_of(i % all_outputs, parts.first_column);
+    const int out_features = part_value(part, parts.out_features);
+    const int column = i % all_outputs - part_value(part, parts.first_column);
+    const std::size_t index = std::size_t(token) * out_features + column;
+    const float* partial = part_value(part, parts.partial) + index;
+    const std::size_t slice_floats = std::size_t(n_tokens) * out_features;
+    float sum = partial[0];
+    for (int slice = 1; slice < splits; ++slice) sum += partial[slice * slice_floats];
+    part_value(part, parts.y)[index] = sum;
 }
 
 // One launch's arguments, as launch_gemm_group received them (row_bytes: bytes of one weight row).
@@ -857,47 +906,97 @@ struct Products {
     const float* x;
     int in_features;
     int n_tokens;
+    float* workspace;  // the slices' partial sums, when the launch splits K (gemm_workspace_bytes)
 };
 
-// The parts as Tiles cut them: part p's tiles follow part p - 1's. Returns the tiles of output features.
+// Tiles of output features of the parts as Tiles cut them, part p's after part p - 1's.
 template <class Tiles>
-int tile_parts(const Products& p, GemmParts& parts) {
+int feature_tiles(const int (&out_features)[MAX_GEMM_PARTS]) {
     int tiles = 0;
-    for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
-        parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
-        parts.y[i] = p.y[i];
-        parts.out_features[i] = p.out_features[i];
-        parts.first_tile[i] = p.out_features[i] > 0 ? tiles : INT_MAX;
-        tiles += ceil_div(p.out_features[i], Tiles::BN);
-    }
+    for (const int n : out_features) tiles += ceil_div(n, Tiles::BN);
     return tiles;
 }
 
 template <class Tiles>
-long long tile_count(const Products& p) {
-    GemmParts parts{};
-    return static_cast<long long>(tile_parts<Tiles>(p, parts)) * ceil_div(p.n_tokens, Tiles::BM);
-}
-
-template <class Tiles, class Format>
-cudaError_t launch_tiles(const Products& p, cudaStream_t stream) {
-    GemmParts parts{};
-    const int feature_tiles = tile_parts<Tiles>(p, parts);
-    // grid.x: the tiles of output features, BN each, of every part in turn; grid.y: ceil(n_tokens / BM) tiles
-    // of tokens. Blocks next to each other in x share their x rows, which then stay in L2 while W streams past.
-    const dim3 grid(feature_tiles, ceil_div(p.n_tokens, Tiles::BM));
-    gemm_f16_tensor_cores<Tiles, Format>
-        <<<grid, Tiles::THREADS, 0, stream>>>(parts, p.row_bytes, p.x, p.in_features, p.n_tokens);
-    return cudaGetLastError();
+long long tile_count(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens) {
+    return static_cast<long long>(feature_tiles<Tiles>(out_features)) * ceil_div(n_tokens, Tiles::BM);
 }
 
 // Large tiles when they alone give every SM a block (at 512 tokens: ffn_gate and ffn_up, 152 blocks);
 // fewer, bigger tiles re-read x and W less often. Otherwise small tiles, four times as many blocks, so
 // narrow products (N = 896: 112 blocks) and short prompts still spread over the GPU.
+bool large_tiles(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int multiprocessors) {
+    return tile_count<LargeTiles>(out_features, n_tokens) >= multiprocessors;
+}
+
+// At most this many slices of K: each adds a pass over the launch's outputs through the workspace, while
+// the gain shrinks once the slices have filled the SMs' block slots.
+constexpr int MAX_SPLITS = 8;
+// At least this many steps per slice: a slice pays the pipeline's fill (two steps of loads before its first
+// product) and a store of its whole tile, which a few steps of products would not repay.
+constexpr int MIN_STEPS_PER_SPLIT = 8;
+
+// The slices of K of a launch (its grid.z), the one rule the launcher and gemm_workspace_bytes share. Where
+// the small tiles leave block slots (multiprocessors x SmallTiles::MIN_BLOCKS_PER_SM) empty, each tile's K
+// is cut into as many slices as fill them: a narrow product's few blocks, each bound by its loads' latency
+// over a long K (ffn_down at 512 tokens: 112 blocks for 264 slots, 152 steps each), become blocks that
+// walk a slice each side by side. Large tiles fill the SMs already and never split.
+int splits_for(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens, int multiprocessors) {
+    if (large_tiles(out_features, n_tokens, multiprocessors)) return 1;
+    const long long tiles = tile_count<SmallTiles>(out_features, n_tokens);
+    const long long slots = static_cast<long long>(multiprocessors) * SmallTiles::MIN_BLOCKS_PER_SM;
+    if (tiles <= 0 || tiles >= slots) return 1;
+    const long long most = std::min(MAX_SPLITS, in_features / K_STEP / MIN_STEPS_PER_SPLIT);
+    return static_cast<int>(std::max(std::min(slots / tiles, static_cast<long long>(most)), 1LL));
+}
+
+// Floats of the workspace a launch of `splits` slices needs: each part's [splits][n_tokens][out_features].
+long long partial_floats(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int splits) {
+    if (splits == 1) return 0;
+    long long outputs = 0;
+    for (const int n : out_features) outputs += n;
+    return static_cast<long long>(splits) * n_tokens * outputs;
+}
+
+template <class Tiles, class Format>
+cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
+    GemmParts parts{};
+    int tiles = 0;
+    int columns = 0;
+    float* partial = p.workspace;
+    for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
+        const bool present = p.out_features[i] > 0;
+        parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
+        parts.y[i] = p.y[i];
+        parts.partial[i] = present && splits > 1 ? partial : nullptr;
+        parts.out_features[i] = p.out_features[i];
+        parts.first_tile[i] = present ? tiles : INT_MAX;
+        parts.first_column[i] = present ? columns : INT_MAX;
+        tiles += ceil_div(p.out_features[i], Tiles::BN);
+        columns += p.out_features[i];
+        if (present && splits > 1) partial += std::size_t(splits) * p.n_tokens * p.out_features[i];
+    }
+    // grid.x: the tiles of output features, BN each, of every part in turn; grid.y: ceil(n_tokens / BM) tiles
+    // of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x share their x rows,
+    // which then stay in L2 while W streams past.
+    const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
+    gemm_f16_tensor_cores<Tiles, Format>
+        <<<grid, Tiles::THREADS, 0, stream>>>(parts, p.row_bytes, p.x, p.in_features, p.n_tokens);
+    if (splits == 1) return cudaGetLastError();
+    if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
+    // grid.x: ceil(n_tokens * columns / 256) blocks, one thread per output of every part. A split launch
+    // has fewer tiles than block slots, so its outputs (under slots x BM x BN) count within an int.
+    constexpr int SUM_BLOCK = 256;
+    gemm_sum_splits<<<ceil_div(p.n_tokens * columns, SUM_BLOCK), SUM_BLOCK, 0, stream>>>(parts, splits, p.n_tokens,
+                                                                                         columns);
+    return cudaGetLastError();
+}
+
 template <class Format>
-cudaError_t launch_format(const Products& p, int multiprocessors, cudaStream_t stream) {
-    if (tile_count<LargeTiles>(p) >= multiprocessors) return launch_tiles<LargeTiles, Format>(p, stream);
-    return launch_tiles<SmallTiles, Format>(p, stream);
+cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
+    if (large_tiles(p.out_features, p.n_tokens, multiprocessors))
+        return launch_tiles<LargeTiles, Format>(p, splits, stream);  // splits_for never splits them
+    return launch_tiles<SmallTiles, Format>(p, splits, stream);
 }
 
 }  // namespace
@@ -905,10 +1004,25 @@ cudaError_t launch_format(const Products& p, int multiprocessors, cudaStream_t s
 
 using namespace minfer;
 
+extern "C" int gemm_splits(int out_features_0, int out_features_1, int out_features_2, int in_features,
+                           int n_tokens, int multiprocessors) {
+    const int out_features[MAX_GEMM_PARTS] = {std::max(out_features_0, 0), std::max(out_features_1, 0),
+                                              std::max(out_features_2, 0)};
+    return splits_for(out_features, in_features, n_tokens, multiprocessors);
+}
+
+extern "C" long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2,
+                                          int in_features, int n_tokens, int multiprocessors) {
+    const int out_features[MAX_GEMM_PARTS] = {std::max(out_features_0, 0), std::max(out_features_1, 0),
+                                              std::max(out_features_2, 0)};
+    const int splits = splits_for(out_features, in_features, n_tokens, multiprocessors);
+    return partial_floats(out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
+}
+
 extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1,
                                          float* y_1, int out_features_1, const void* weight_2, float* y_2,
                                          int out_features_2, int type, const float* x, int in_features, int n_tokens,
-                                         cudaStream_t stream) {
+                                         void* workspace, long long workspace_bytes, cudaStream_t stream) {
     const long long bytes = row_bytes(type, in_features);
     if (bytes < 0 || in_features % K_STEP != 0)
         return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
@@ -934,29 +1048,37 @@ extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int o
                             bytes,
                             x,
                             in_features,
-                            n_tokens};
+                            n_tokens,
+                            static_cast<float*>(workspace)};
+    const int splits = splits_for(products.out_features, in_features, n_tokens, multiprocessors);
+    const long long needed =
+        partial_floats(products.out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
+    if (needed > 0 && (workspace == nullptr || workspace_bytes < needed || !is_aligned(workspace, 4)))
+        return minfer_refuse(
+            "this launch splits K: workspace must hold gemm_workspace_bytes(...) bytes, 4-byte aligned (floats)");
     switch (type) {
-        case GGML_F32: return launch_format<F32Tile>(products, multiprocessors, stream);
-        case GGML_F16: return launch_format<F16Tile>(products, multiprocessors, stream);
-        case GGML_Q4_0: return launch_format<Q4_0Tile>(products, multiprocessors, stream);
-        case GGML_Q4_1: return launch_format<Q4_1Tile>(products, multiprocessors, stream);
-        case GGML_Q5_0: return launch_format<Q5_0Tile>(products, multiprocessors, stream);
-        case GGML_Q5_1: return launch_format<Q5_1Tile>(products, multiprocessors, stream);
-        case GGML_Q8_0: return launch_format<Q8_0Tile>(products, multiprocessors, stream);
-        case GGML_Q2_K: return launch_format<Q2_KTile>(products, multiprocessors, stream);
-        case GGML_Q3_K: return launch_format<Q3_KTile>(products, multiprocessors, stream);
-        case GGML_Q4_K: return launch_format<Q4_KTile>(products, multiprocessors, stream);
-        case GGML_Q5_K: return launch_format<Q5_KTile>(products, multiprocessors, stream);
-        case GGML_Q6_K: return launch_format<Q6_KTile>(products, multiprocessors, stream);
-        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(products, multiprocessors, stream);
-        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(products, multiprocessors, stream);
-        case GGML_BF16: return launch_format<BF16Tile>(products, multiprocessors, stream);
+        case GGML_F32: return launch_format<F32Tile>(products, multiprocessors, splits, stream);
+        case GGML_F16: return launch_format<F16Tile>(products, multiprocessors, splits, stream);
+        case GGML_Q4_0: return launch_format<Q4_0Tile>(products, multiprocessors, splits, stream);
+        case GGML_Q4_1: return launch_format<Q4_1Tile>(products, multiprocessors, splits, stream);
+        case GGML_Q5_0: return launch_format<Q5_0Tile>(products, multiprocessors, splits, stream);
+        case GGML_Q5_1: return launch_format<Q5_1Tile>(products, multiprocessors, splits, stream);
+        case GGML_Q8_0: return launch_format<Q8_0Tile>(products, multiprocessors, splits, stream);
+        case GGML_Q2_K: return launch_format<Q2_KTile>(products, multiprocessors, splits, stream);
+        case GGML_Q3_K: return launch_format<Q3_KTile>(products, multiprocessors, splits, stream);
+        case GGML_Q4_K: return launch_format<Q4_KTile>(products, multiprocessors, splits, stream);
+        case GGML_Q5_K: return launch_format<Q5_KTile>(products, multiprocessors, splits, stream);
+        case GGML_Q6_K: return launch_format<Q6_KTile>(products, multiprocessors, splits, stream);
+        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(products, multiprocessors, splits, stream);
+        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(products, multiprocessors, splits, stream);
+        case GGML_BF16: return launch_format<BF16Tile>(products, multiprocessors, splits, stream);
         default: return minfer_refuse("no GEMM kernel for this GGML type");
     }
 }
 
 extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features,
-                                   int out_features, int n_tokens, cudaStream_t stream) {
+                                   int out_features, int n_tokens, void* workspace, long long workspace_bytes,
+                                   cudaStream_t stream) {
     return launch_gemm_group(weight, y, out_features, nullptr, nullptr, 0, nullptr, nullptr, 0, type, x, in_features,
-                             n_tokens, stream);
+                             n_tokens, workspace, workspace_bytes, stream);
 }

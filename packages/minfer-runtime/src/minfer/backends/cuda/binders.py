@@ -46,7 +46,8 @@ class Binding(Protocol):
     """What a binder reads of the compiled graph: where each tensor lives, and the backend's facts."""
 
     stream: int
-    attention_workspace: int
+    workspace: int  # the graph's one workspace (graph_workspace_bytes), its address and size
+    workspace_bytes: int
 
     def ptr(self, tensor: Tensor) -> int: ...
 
@@ -200,22 +201,38 @@ def matmul(b: Binding, node: Node) -> list[Launch]:
         return gemv(b, node)
     x, weight = node.inputs
     out_features, in_features = weight.shape
-    return launch(
-        b, getattr(mk.kernels, kernel), weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x),
-        y=b.ptr(node.output), in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
+    product = dict(
+        weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x), y=b.ptr(node.output), in_features=in_features,
+        out_features=out_features, n_tokens=x.shape[0],
     )  # fmt: skip
+    if kernel == "gemm":
+        return launch(b, mk.kernels.gemm, **product, workspace=b.workspace, workspace_bytes=b.workspace_bytes)
+    return launch(b, mk.kernels.matmul, **product)
+
+
+def gemm_out_features(node: Node) -> list[int] | None:
+    """The out_features of each of GEMM_GROUP_PARTS parts (0: absent) of a node the tensor-core GEMM runs, or
+    None for any other node."""
+    if node.op is FusedOp.GEMM_GROUP:
+        weights = node.inputs[1:]
+    elif node.op is Op.MATMUL and matmul_kernel(node) == "gemm":
+        weights = node.inputs[1:2]
+    else:
+        return None
+    return [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
 
 
 def gemm_group(b: Binding, node: Node) -> list[Launch]:
     x, *weights = node.inputs
     parts: dict[str, object] = {}
-    for part in range(GEMM_GROUP_PARTS):  # parts past the node's are absent
-        weight, y = (weights[part], node.outputs[part]) if part < len(weights) else (None, None)
-        parts[f"weight_{part}"], parts[f"y_{part}"] = (b.ptr(weight), b.ptr(y)) if weight is not None else (None, None)
-        parts[f"out_features_{part}"] = weight.shape[0] if weight is not None else 0
+    for part, out_features in enumerate(gemm_out_features(node)):  # parts past the node's are absent
+        present = part < len(weights)
+        parts[f"weight_{part}"] = b.ptr(weights[part]) if present else None
+        parts[f"y_{part}"] = b.ptr(node.outputs[part]) if present else None
+        parts[f"out_features_{part}"] = out_features
     return launch(
         b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=b.ptr(x), in_features=x.shape[1],
-        n_tokens=x.shape[0],
+        n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
 
 
@@ -292,19 +309,34 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
     if q.shape[0] == 1:
         return launch(
-            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.attention_workspace,
+            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.workspace,
             n_splits=DECODE_ATTENTION_SPLITS,
         )  # fmt: skip
     return launch(b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0])
 
 
-def attention_workspace_bytes(nodes: list[Node]) -> int:
-    """Bytes of the workspace the graph's decode attention needs (0 without one)."""
-    decode = [n for n in nodes if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1]
-    if not decode:
-        return 0
-    p = decode[0].params
-    return mk.kernels.attention_decode_workspace_bytes(p["n_heads"], p["head_dim"], DECODE_ATTENTION_SPLITS)
+def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
+    """Bytes of a graph's one workspace: the most any of its nodes needs, decode attention (its per-head
+    counters and split results) or a GEMM that splits K (its slices' partial sums; gemm_workspace_bytes, on a
+    GPU of `multiprocessors` SMs). The launches follow each other on one stream, so one buffer serves them in
+    turn. Not both kinds, though: decode attention's counters must stay zeroed from one launch to the next,
+    and a GEMM's partial sums would overwrite them. Decode attention is a one-token graph's and the GEMM a
+    graph's of GEMM_MIN_TOKENS tokens or more, so no model's graph has both; one that did is refused."""
+    attention = [
+        mk.kernels.attention_decode_workspace_bytes(n.params["n_heads"], n.params["head_dim"], DECODE_ATTENTION_SPLITS)
+        for n in nodes
+        if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1
+    ]
+    gemm = []
+    for node in nodes:
+        out_features = gemm_out_features(node)
+        if out_features is None:
+            continue
+        x = node.inputs[0]
+        gemm.append(mk.kernels.gemm_workspace_bytes(*out_features, x.shape[1], x.shape[0], multiprocessors))
+        if gemm[-1] and attention:
+            raise refuse(node, "it splits K in a graph with decode attention, whose counters it would clobber")
+    return max([0, *attention, *gemm])
 
 
 # -- the runtime's copies ----------------------------------------------------------------------------
