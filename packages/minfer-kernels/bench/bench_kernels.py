@@ -52,19 +52,14 @@ def prefill_cases(
         w = device(mk.row_bytes(ggml_type, n_in) * n_out)
         x, y = floats(n_in * n_tokens), floats(n_out * n_tokens)
         name = f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}"
-        args: tuple[object, ...] = ()
-        if kernel is kernels.gemm:  # the workspace of its slices of K, where it splits
+        args: tuple[object, ...] = (w, ggml_type, x, y, n_in, n_out, n_tokens, h)
+        if kernel is kernels.gemm:  # no bias or residual; the workspace of its slices of K, where it splits
             splits = kernels.gemm_splits(n_out, 0, 0, n_in, n_tokens, multiprocessors)
             nbytes = kernels.gemm_workspace_bytes(n_out, 0, 0, n_in, n_tokens, multiprocessors)
-            args = (floats(nbytes // 4) if nbytes else None, nbytes)
+            space = floats(nbytes // 4) if nbytes else None
+            args = (w, ggml_type, x, None, None, y, n_in, n_out, n_tokens, space, nbytes, h)
             name += f" ({splits} K slices)" if splits > 1 else ""
-        cases.append(
-            (
-                name,
-                2.0 * n_in * n_out * n_tokens,
-                lambda: kernel(w, ggml_type, x, y, n_in, n_out, n_tokens, *args, h),
-            )
-        )
+        cases.append((name, 2.0 * n_in * n_out * n_tokens, lambda: kernel(*args)))
 
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16):
         for n_in, n_out in ((HIDDEN, FFN), (FFN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, KV_HEADS * HEAD_DIM)):

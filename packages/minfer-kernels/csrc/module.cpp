@@ -283,17 +283,19 @@ void bind_kernels(nb::module_& k) {
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemm", launch_gemm,
                     "matmul's product on the tensor cores, for many tokens: W and x rounded to f16, float32 sums; "
-                    "in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte aligned; `workspace`: "
-                    "gemm_workspace_bytes(out_features, 0, 0, ...) bytes (None when that is 0).",
-                    "weight"_a, "type"_a, "x"_a, "y"_a, "in_features"_a, "out_features"_a, "n_tokens"_a,
-                    "workspace"_a, "workspace_bytes"_a, "stream"_a);
+                    "y = residual + (x W^T + bias), the order of gemm, add_bias_f32 and add_f32 (bias, residual "
+                    "None: none; residual may be y); in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte "
+                    "aligned; `workspace`: gemm_workspace_bytes(out_features, 0, 0, ...) bytes (None when that is 0).",
+                    "weight"_a, "type"_a, "x"_a, "bias"_a, "residual"_a, "y"_a, "in_features"_a, "out_features"_a,
+                    "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemm_group", launch_gemm_group,
                     "gemm's products of one x by up to three weights of one GGML type in one launch: y_p[t][o] = "
-                    "sum_i W_p[o][i] * x[t][i]; out_features_p 0 (pointers None): part p and the ones after it are "
-                    "absent; `workspace`: gemm_workspace_bytes(...) bytes (None when that is 0).",
-                    "weight_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "y_1"_a, "out_features_1"_a,
-                    "weight_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a, "in_features"_a, "n_tokens"_a,
-                    "workspace"_a, "workspace_bytes"_a, "stream"_a);
+                    "sum_i W_p[o][i] * x[t][i] + bias_p[o] (bias_p None: none); out_features_p 0 (pointers None): "
+                    "part p and the ones after it are absent; `workspace`: gemm_workspace_bytes(...) bytes (None "
+                    "when that is 0).",
+                    "weight_0"_a, "bias_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "bias_1"_a, "y_1"_a,
+                    "out_features_1"_a, "weight_2"_a, "bias_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a,
+                    "in_features"_a, "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
                     "One token: y[o] = sum_i W[o][i] * h[i] (+ residual[o]), h = x, or RMSNorm(x) * norm_weight when "
                     "norm_weight is not None; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "

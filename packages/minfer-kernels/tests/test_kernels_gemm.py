@@ -88,8 +88,8 @@ def run_gemm(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raw: np.ndarray, x:
     y = poisoned((n_tokens, out_features), np.float32, stream)
     space, nbytes = workspace(stream, (out_features,), in_features, n_tokens)
     kernels.gemm(
-        dev(raw), ggml_type, dev(x), y.ptr, in_features, out_features, n_tokens, space and space.ptr, nbytes,
-        stream.handle,
+        dev(raw), ggml_type, dev(x), None, None, y.ptr, in_features, out_features, n_tokens, space and space.ptr,
+        nbytes, stream.handle,
     )  # fmt: skip
     return from_device(y, (n_tokens, out_features), np.float32, stream)
 
@@ -151,14 +151,18 @@ GROUP_CASES = [
 ]
 
 
-def run_gemm_group(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raws, x: np.ndarray, parts: tuple[int, ...]):
-    """Each part's y of one gemm_group launch of up to three weights (their GGUF bytes `raws`) by x."""
+def run_gemm_group(
+    stream: mk.Stream, dev, ggml_type: mk.GGMLType, raws, x: np.ndarray, parts: tuple[int, ...], biases=(None,) * 3
+):
+    """Each part's y of one gemm_group launch of up to three weights (their GGUF bytes `raws`) by x, each part
+    plus its bias where `biases` has one."""
     n_tokens, in_features = x.shape
     outputs = [poisoned((n_tokens, n), np.float32, stream) for n in parts]
     arguments = []
     for index in range(3):
         present = index < len(parts)
-        arguments += [dev(raws[index]), outputs[index].ptr, parts[index]] if present else [None, None, 0]
+        bias = dev(biases[index]) if biases[index] is not None else None
+        arguments += [dev(raws[index]), bias, outputs[index].ptr, parts[index]] if present else [None] * 3 + [0]
     space, nbytes = workspace(stream, parts, in_features, n_tokens)
     kernels.gemm_group(*arguments, ggml_type, dev(x), in_features, n_tokens, space and space.ptr, nbytes, stream.handle)
     return [from_device(output, (n_tokens, n), np.float32, stream) for output, n in zip(outputs, parts, strict=True)]
@@ -227,19 +231,71 @@ def test_gemm_refuses_a_workspace_too_small_for_its_slices(stream):
     p, h = buffer.ptr, stream.handle
     for space, size in ((p, nbytes - 4), (None, nbytes), (p + 2, nbytes)):
         with pytest.raises(ValueError, match=r"launch_gemm refused .*workspace must hold gemm_workspace_bytes"):
-            kernels.gemm(p, mk.GGMLType.Q8_0, p, p, 4864, 33, 128, space, size, h)
+            kernels.gemm(p, mk.GGMLType.Q8_0, p, None, None, p, 4864, 33, 128, space, size, h)
         with pytest.raises(ValueError, match=r"launch_gemm_group refused .*workspace must hold"):
-            kernels.gemm_group(p, p, 33, None, None, 0, None, None, 0, mk.GGMLType.Q8_0, p, 4864, 128, space, size, h)
+            absent = (None, None, None, 0)
+            kernels.gemm_group(p, None, p, 33, *absent, *absent, mk.GGMLType.Q8_0, p, 4864, 128, space, size, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending
+
+
+# Epilogues, split and not: Qwen2.5-0.5B's ffn_down (K cut at 17 and at 512 tokens) and ffn_up (cut at 17
+# tokens; at 512 the large tiles), ffn_up-like 1024 -> 4864 for the super-block types.
+EPILOGUE_CASES = [(t, (4864, 896)) for t in mk.GGMLType] + [
+    (t, (1024 if t in SUPER_BLOCK_TYPES else 896, 4864)) for t in mk.GGMLType
+]
+
+
+@pytest.mark.parametrize("n_tokens", [17, 512])
+@pytest.mark.parametrize(("ggml_type", "shape"), EPILOGUE_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_gemm_epilogue_is_add_bias_then_add_to_the_bit(rng, stream, dev, ggml_type, shape, n_tokens):
+    """gemm with a bias and a residual, in place into the residual (the runtime's fused node), is gemm,
+    add_bias_f32 and add_f32 one after the other, to the bit: the epilogue adds in their order, once (after the
+    slices' sum where K is cut)."""
+    in_features, out_features = shape
+    raw, _ = weights(ggml_type, out_features, in_features)
+    x, bias = randn(rng, n_tokens, in_features), randn(rng, out_features)
+    residual = randn(rng, n_tokens, out_features, scale=4.0)
+    w_ptr, x_ptr, bias_ptr = dev(raw), dev(x), dev(bias)
+    space, nbytes = workspace(stream, (out_features,), in_features, n_tokens)
+    args = (in_features, out_features, n_tokens, space and space.ptr, nbytes, stream.handle)
+    fused = mk.upload(residual, stream.handle)
+    kernels.gemm(w_ptr, ggml_type, x_ptr, bias_ptr, fused.ptr, fused.ptr, *args)
+    y, total = poisoned((n_tokens, out_features), np.float32, stream), mk.upload(residual, stream.handle)
+    kernels.gemm(w_ptr, ggml_type, x_ptr, None, None, y.ptr, *args)
+    kernels.add_bias_f32(y.ptr, bias_ptr, n_tokens, out_features, stream.handle)
+    kernels.add_f32(total.ptr, y.ptr, total.ptr, n_tokens * out_features, stream.handle)
+    got = from_device(fused, (n_tokens, out_features), np.float32, stream)
+    expected = from_device(total, (n_tokens, out_features), np.float32, stream)
+    slices = splits((out_features,), in_features, n_tokens)
+    assert np.array_equal(got, expected), f"gemm {ggml_type.name} {shape} x{n_tokens} ({slices} slices): epilogue"
+
+
+@pytest.mark.parametrize("n_tokens", [17, 512])
+@pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
+def test_gemm_group_adds_each_parts_bias(rng, stream, dev, ggml_type, n_tokens):
+    """Biases of the first and last of three parts (the middle one has none): each part is its product, then
+    add_bias_f32, to the bit."""
+    in_features = 4864
+    x = randn(rng, n_tokens, in_features)
+    raws, _ = zip(*(weights(ggml_type, n, in_features) for n in SPLIT_GROUP), strict=True)
+    biases = (randn(rng, SPLIT_GROUP[0]), None, randn(rng, SPLIT_GROUP[2]))
+    got = run_gemm_group(stream, dev, ggml_type, raws, x, SPLIT_GROUP, biases)
+    products = run_gemm_group(stream, dev, ggml_type, raws, x, SPLIT_GROUP)
+    for part, (product, bias) in enumerate(zip(products, biases, strict=True)):
+        y = mk.upload(product, stream.handle)
+        if bias is not None:
+            kernels.add_bias_f32(y.ptr, dev(bias), n_tokens, bias.size, stream.handle)
+        expected = from_device(y, product.shape, np.float32, stream)
+        assert np.array_equal(got[part], expected), f"gemm_group {ggml_type.name} x{n_tokens}: part {part}"
 
 
 def test_gemm_group_refuses_a_part_after_an_absent_one(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
     with pytest.raises(ValueError, match=r"launch_gemm_group refused .*absent part has none after it"):
-        kernels.gemm_group(p, p, 4, 0, 0, 0, p, p, 4, mk.GGMLType.Q4_0, p, 32, 16, None, 0, h)
+        kernels.gemm_group(p, None, p, 4, 0, None, 0, 0, p, None, p, 4, mk.GGMLType.Q4_0, p, 32, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_group refused .*absent part has none after it"):
-        kernels.gemm_group(p, p, 4, p, p, -1, 0, 0, 0, mk.GGMLType.Q4_0, p, 32, 16, None, 0, h)
+        kernels.gemm_group(p, None, p, 4, p, None, p, -1, 0, None, 0, 0, mk.GGMLType.Q4_0, p, 32, 16, None, 0, h)
     mk.sync(h)
 
 
@@ -247,19 +303,20 @@ def test_gemm_refuses_what_it_cannot_compute(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
     with pytest.raises(ValueError, match=r"launch_gemm refused .*multiple of 32"):
-        kernels.gemm(p, mk.GGMLType.F32, p, p, 33, 4, 16, None, 0, h)
+        kernels.gemm(p, mk.GGMLType.F32, p, None, None, p, 33, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*type must be"):
-        kernels.gemm(p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, None, 0, h)  # a type no kernel reads
+        no_kernel = int(gguf.GGMLQuantizationType.IQ2_XXS)
+        kernels.gemm(p, no_kernel, p, None, None, p, 256, 4, 16, None, 0, h)
     for super_block_type in SUPER_BLOCK_TYPES:
         with pytest.raises(ValueError, match=r"launch_gemm refused .*whole 256-value super-blocks"):
-            kernels.gemm(p, super_block_type, p, p, 32 * 9, 4, 16, None, 0, h)
+            kernels.gemm(p, super_block_type, p, None, None, p, 32 * 9, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*positive"):
-        kernels.gemm(p, mk.GGMLType.Q4_0, p, p, 32, 4, 0, None, 0, h)
+        kernels.gemm(p, mk.GGMLType.Q4_0, p, None, None, p, 32, 4, 0, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*x must be 16-byte aligned"):
-        kernels.gemm(p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, None, 0, h)
+        kernels.gemm(p, mk.GGMLType.Q4_0, p + 4, None, None, p, 32, 4, 16, None, 0, h)
     for float_type in (mk.GGMLType.F32, mk.GGMLType.F16, mk.GGMLType.BF16):
         with pytest.raises(ValueError, match=r"launch_gemm refused .*weight must be 16-byte aligned"):
-            kernels.gemm(p + 4, float_type, p, p, 32, 4, 16, None, 0, h)
+            kernels.gemm(p + 4, float_type, p, None, None, p, 32, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm refused .*4-byte aligned"):
-        kernels.gemm(p + 2, mk.GGMLType.Q4_0, p, p, 32, 4, 16, None, 0, h)
+        kernels.gemm(p + 2, mk.GGMLType.Q4_0, p, None, None, p, 32, 4, 16, None, 0, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending

@@ -178,13 +178,21 @@ def test_prompt_graphs_are_never_captured(synthetic_model):
 
 
 def test_a_prompts_projections_of_one_x_are_one_launch(synthetic_model):
+    """q, k and v with their biases, and gate and up, are one gemm_group launch each; attn_output and ffn_down
+    are one gemm launch each, the residual add in its epilogue."""
     engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
     engine.forward(list(range(3, 3 + PROMPT_TOKENS)), 0)
     prompt = engine.program(PROMPT_TOKENS).compiled
     launches = dict(zip((node.name for node in prompt.graph.nodes), prompt.launches, strict=True))
+    kernels = {
+        "attn_q+attn_k+attn_v+attn_q_bias+attn_k_bias+attn_v_bias": mk.kernels.gemm_group,
+        "ffn_gate+ffn_up": mk.kernels.gemm_group,
+        "attn_output+attn_residual": mk.kernels.gemm,
+        "ffn_down+ffn_residual": mk.kernels.gemm,
+    }
     for layer in range(SPECS["qwen2"].n_layers):
-        for group in ("attn_q+attn_k+attn_v", "ffn_gate+ffn_up"):
-            assert [launch.kernel for launch in launches[f"blk.{layer}.{group}"]] == [mk.kernels.gemm_group]
+        for node, kernel in kernels.items():
+            assert [launch.kernel for launch in launches[f"blk.{layer}.{node}"]] == [kernel]
 
 
 @pytest.mark.parametrize("unfused", ["every rule", "the gate/up rule"])

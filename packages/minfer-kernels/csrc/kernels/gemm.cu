@@ -781,16 +781,28 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
 // first_column[p + 1] - 1 of one token's outputs of every part in turn (gemm_sum_splits); an absent part's
 // first_tile and first_column are past them all. One launch instead of three lets the narrow products' few
 // blocks run side by side. When the launch splits K, part p's slices keep their sums in partial[p]:
-// [splits][n_tokens][out_features] floats of the workspace.
+// [splits][n_tokens][out_features] floats of the workspace. The epilogue (finish) adds part p's bias[p] and,
+// in a launch of one part, the residual.
 constexpr int MAX_GEMM_PARTS = 3;
 struct GemmParts {
     const std::uint8_t* weight[MAX_GEMM_PARTS];
+    const float* bias[MAX_GEMM_PARTS];  // nullptr: none
     float* y[MAX_GEMM_PARTS];
     float* partial[MAX_GEMM_PARTS];
+    const float* residual;  // [n_tokens][out_features] of part 0, the only part; may be y itself; nullptr: none
     int out_features[MAX_GEMM_PARTS];
     int first_tile[MAX_GEMM_PARTS];
     int first_column[MAX_GEMM_PARTS];
 };
+
+// The epilogue of output `index` (row-major in y, `column` in its row) of a product's whole sum:
+// y = residual + (sum + bias), each absent term left out. That is the order of gemm, add_bias_f32 and
+// add_f32 launched one after the other, so the folded epilogue gives their result to the bit.
+__device__ __forceinline__ float finish(float sum, const float* bias, const float* residual, int column,
+                                        std::size_t index) {
+    if (bias != nullptr) sum += bias[column];
+    return residual != nullptr ? residual[index] + sum : sum;
+}
 
 // The part a tile (or a column) belongs to, from the parts' first tiles (or columns), with selects: indexing
 // the parameter arrays by a computed index would copy them to local memory.
@@ -806,7 +818,7 @@ __device__ __forceinline__ T part_value(int part, const T (&values)[MAX_GEMM_PAR
 // Block: Tiles::THREADS threads; blockIdx.x the tile of output features (of all parts, in order),
 // blockIdx.y the tile of tokens, blockIdx.z the slice of K: slice z of gridDim.z multiplies the contiguous
 // steps z * n / gridDim.z .. (z + 1) * n / gridDim.z - 1 of the n steps of the rows. With one slice the block
-// writes its tile of y; with more, its partial sums, which gemm_sum_splits adds up.
+// writes its tile of y, epilogue included; with more, its partial sums, which gemm_sum_splits adds up.
 template <class Tiles, class Format>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_f16_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
@@ -861,9 +873,12 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
         }
     }
 
-    // One slice: y itself. Several: this slice's [n_tokens][out_features] of the part's partial sums.
-    float* out = slices == 1 ? part_value(part, parts.y)
-                             : part_value(part, parts.partial) + std::size_t(slice) * n_tokens * out_features;
+    // One slice: y itself, through the epilogue. Several: this slice's [n_tokens][out_features] of the
+    // part's partial sums, as they are (gemm_sum_splits applies the epilogue once, to their total).
+    const bool whole = slices == 1;
+    float* out = whole ? part_value(part, parts.y)
+                       : part_value(part, parts.partial) + std::size_t(slice) * n_tokens * out_features;
+    const float* bias = part_value(part, parts.bias);
     // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
 #pragma unroll
     for (int i = 0; i < Tiles::FRAGS_M; ++i)
@@ -873,13 +888,15 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
             for (int e = 0; e < 4; ++e) {
                 const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
                 const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
+                const std::size_t index = std::size_t(token) * out_features + column;
                 if (token < n_tokens && column < out_features)
-                    out[std::size_t(token) * out_features + column] = acc[i][j][e];
+                    out[index] = whole ? finish(acc[i][j][e], bias, parts.residual, column, index) : acc[i][j][e];
             }
 }
 
-// y = the sum of a split launch's slices, added in slice order: the same additions in the same order on
-// every run, so the result is deterministic (atomic adds into y would sum in whatever order the blocks end).
+// y = the sum of a split launch's slices, added in slice order, through the epilogue: the same additions in
+// the same order on every run, so the result is deterministic (atomic adds into y would sum in whatever order
+// the blocks end).
 // Thread: output i of the launch's n_tokens x all_outputs, token i / all_outputs, column i % all_outputs of
 // one token's outputs of every part in turn.
 __global__ void gemm_sum_splits(GemmParts parts, int splits, int n_tokens, int all_outputs) {
@@ -894,19 +911,22 @@ __global__ void gemm_sum_splits(GemmParts parts, int splits, int n_tokens, int a
     const std::size_t slice_floats = std::size_t(n_tokens) * out_features;
     float sum = partial[0];
     for (int slice = 1; slice < splits; ++slice) sum += partial[slice * slice_floats];
-    part_value(part, parts.y)[index] = sum;
+    part_value(part, parts.y)[index] = finish(sum, part_value(part, parts.bias), parts.residual, column, index);
 }
 
-// One launch's arguments, as launch_gemm_group received them (row_bytes: bytes of one weight row).
+// One launch's arguments, as launch_gemm or launch_gemm_group received them.
 struct Products {
     const void* weight[MAX_GEMM_PARTS];
+    const float* bias[MAX_GEMM_PARTS];
     float* y[MAX_GEMM_PARTS];
     int out_features[MAX_GEMM_PARTS];  // 0: the part is absent (and so are the ones after it)
-    long long row_bytes;
+    const float* residual;             // launch_gemm's; launch_gemm_group has none
+    int type;
     const float* x;
     int in_features;
     int n_tokens;
-    float* workspace;  // the slices' partial sums, when the launch splits K (gemm_workspace_bytes)
+    void* workspace;  // the slices' partial sums, when the launch splits K (gemm_workspace_bytes)
+    long long workspace_bytes;
 };
 
 // Tiles of output features of the parts as Tiles cut them, part p's after part p - 1's.
@@ -961,12 +981,14 @@ long long partial_floats(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens
 template <class Tiles, class Format>
 cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     GemmParts parts{};
+    parts.residual = p.residual;
     int tiles = 0;
     int columns = 0;
-    float* partial = p.workspace;
+    float* partial = static_cast<float*>(p.workspace);
     for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
         const bool present = p.out_features[i] > 0;
         parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
+        parts.bias[i] = p.bias[i];
         parts.y[i] = p.y[i];
         parts.partial[i] = present && splits > 1 ? partial : nullptr;
         parts.out_features[i] = p.out_features[i];
@@ -980,8 +1002,9 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     // of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x share their x rows,
     // which then stay in L2 while W streams past.
     const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
+    const long long weight_row_bytes = row_bytes(p.type, p.in_features);
     gemm_f16_tensor_cores<Tiles, Format>
-        <<<grid, Tiles::THREADS, 0, stream>>>(parts, p.row_bytes, p.x, p.in_features, p.n_tokens);
+        <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, p.x, p.in_features, p.n_tokens);
     if (splits == 1) return cudaGetLastError();
     if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
     // grid.x: ceil(n_tokens * columns / 256) blocks, one thread per output of every part. A split launch
@@ -997,6 +1020,53 @@ cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cu
     if (large_tiles(p.out_features, p.n_tokens, multiprocessors))
         return launch_tiles<LargeTiles, Format>(p, splits, stream);  // splits_for never splits them
     return launch_tiles<SmallTiles, Format>(p, splits, stream);
+}
+
+// The checks and the launch behind launch_gemm and launch_gemm_group.
+cudaError_t launch_products(const Products& p, cudaStream_t stream) {
+    const long long bytes = row_bytes(p.type, p.in_features);
+    if (bytes < 0 || p.in_features % K_STEP != 0)
+        return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
+    if (p.in_features <= 0 || p.out_features[0] <= 0 || p.n_tokens <= 0)
+        return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
+    if (p.out_features[1] < 0 || p.out_features[2] < 0 || (p.out_features[1] == 0 && p.out_features[2] > 0))
+        return minfer_refuse("a part's out_features is 0 (absent) or positive, and an absent part has none after it");
+    if (!is_aligned(p.x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
+    const bool float_weights = p.type == GGML_F32 || p.type == GGML_F16 || p.type == GGML_BF16;
+    for (const void* weight : p.weight)
+        if (!is_aligned(weight, float_weights ? 16 : 4))
+            return minfer_refuse(
+                "weight must be 16-byte aligned for F32/F16/BF16 (16-byte loads) and 4-byte aligned otherwise");
+    int device = 0;
+    int multiprocessors = 0;
+    if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
+    if (const cudaError_t failed = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+        failed != cudaSuccess)
+        return failed;
+    const int splits = splits_for(p.out_features, p.in_features, p.n_tokens, multiprocessors);
+    const long long needed =
+        partial_floats(p.out_features, p.n_tokens, splits) * static_cast<long long>(sizeof(float));
+    if (needed > 0 && (p.workspace == nullptr || p.workspace_bytes < needed || !is_aligned(p.workspace, 4)))
+        return minfer_refuse(
+            "this launch splits K: workspace must hold gemm_workspace_bytes(...) bytes, 4-byte aligned (floats)");
+    switch (p.type) {
+        case GGML_F32: return launch_format<F32Tile>(p, multiprocessors, splits, stream);
+        case GGML_F16: return launch_format<F16Tile>(p, multiprocessors, splits, stream);
+        case GGML_Q4_0: return launch_format<Q4_0Tile>(p, multiprocessors, splits, stream);
+        case GGML_Q4_1: return launch_format<Q4_1Tile>(p, multiprocessors, splits, stream);
+        case GGML_Q5_0: return launch_format<Q5_0Tile>(p, multiprocessors, splits, stream);
+        case GGML_Q5_1: return launch_format<Q5_1Tile>(p, multiprocessors, splits, stream);
+        case GGML_Q8_0: return launch_format<Q8_0Tile>(p, multiprocessors, splits, stream);
+        case GGML_Q2_K: return launch_format<Q2_KTile>(p, multiprocessors, splits, stream);
+        case GGML_Q3_K: return launch_format<Q3_KTile>(p, multiprocessors, splits, stream);
+        case GGML_Q4_K: return launch_format<Q4_KTile>(p, multiprocessors, splits, stream);
+        case GGML_Q5_K: return launch_format<Q5_KTile>(p, multiprocessors, splits, stream);
+        case GGML_Q6_K: return launch_format<Q6_KTile>(p, multiprocessors, splits, stream);
+        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(p, multiprocessors, splits, stream);
+        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(p, multiprocessors, splits, stream);
+        case GGML_BF16: return launch_format<BF16Tile>(p, multiprocessors, splits, stream);
+        default: return minfer_refuse("no GEMM kernel for this GGML type");
+    }
 }
 
 }  // namespace
@@ -1019,66 +1089,38 @@ extern "C" long long gemm_workspace_bytes(int out_features_0, int out_features_1
     return partial_floats(out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
 }
 
-extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1,
-                                         float* y_1, int out_features_1, const void* weight_2, float* y_2,
-                                         int out_features_2, int type, const float* x, int in_features, int n_tokens,
-                                         void* workspace, long long workspace_bytes, cudaStream_t stream) {
-    const long long bytes = row_bytes(type, in_features);
-    if (bytes < 0 || in_features % K_STEP != 0)
-        return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
-    if (in_features <= 0 || out_features_0 <= 0 || n_tokens <= 0)
-        return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
-    if (out_features_1 < 0 || out_features_2 < 0 || (out_features_1 == 0 && out_features_2 > 0))
-        return minfer_refuse("a part's out_features is 0 (absent) or positive, and an absent part has none after it");
-    if (!is_aligned(x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
-    const bool float_weights = type == GGML_F32 || type == GGML_F16 || type == GGML_BF16;
-    for (const void* weight : {weight_0, weight_1, weight_2})
-        if (!is_aligned(weight, float_weights ? 16 : 4))
-            return minfer_refuse(
-                "weight must be 16-byte aligned for F32/F16/BF16 (16-byte loads) and 4-byte aligned otherwise");
-    int device = 0;
-    int multiprocessors = 0;
-    if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
-    if (const cudaError_t failed = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
-        failed != cudaSuccess)
-        return failed;
-    const Products products{{weight_0, weight_1, weight_2},
+extern "C" cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* y_0, int out_features_0,
+                                         const void* weight_1, const float* bias_1, float* y_1, int out_features_1,
+                                         const void* weight_2, const float* bias_2, float* y_2, int out_features_2,
+                                         int type, const float* x, int in_features, int n_tokens, void* workspace,
+                                         long long workspace_bytes, cudaStream_t stream) {
+    return launch_products({{weight_0, weight_1, weight_2},
+                            {bias_0, bias_1, bias_2},
                             {y_0, y_1, y_2},
                             {out_features_0, out_features_1, out_features_2},
-                            bytes,
+                            nullptr,
+                            type,
                             x,
                             in_features,
                             n_tokens,
-                            static_cast<float*>(workspace)};
-    const int splits = splits_for(products.out_features, in_features, n_tokens, multiprocessors);
-    const long long needed =
-        partial_floats(products.out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
-    if (needed > 0 && (workspace == nullptr || workspace_bytes < needed || !is_aligned(workspace, 4)))
-        return minfer_refuse(
-            "this launch splits K: workspace must hold gemm_workspace_bytes(...) bytes, 4-byte aligned (floats)");
-    switch (type) {
-        case GGML_F32: return launch_format<F32Tile>(products, multiprocessors, splits, stream);
-        case GGML_F16: return launch_format<F16Tile>(products, multiprocessors, splits, stream);
-        case GGML_Q4_0: return launch_format<Q4_0Tile>(products, multiprocessors, splits, stream);
-        case GGML_Q4_1: return launch_format<Q4_1Tile>(products, multiprocessors, splits, stream);
-        case GGML_Q5_0: return launch_format<Q5_0Tile>(products, multiprocessors, splits, stream);
-        case GGML_Q5_1: return launch_format<Q5_1Tile>(products, multiprocessors, splits, stream);
-        case GGML_Q8_0: return launch_format<Q8_0Tile>(products, multiprocessors, splits, stream);
-        case GGML_Q2_K: return launch_format<Q2_KTile>(products, multiprocessors, splits, stream);
-        case GGML_Q3_K: return launch_format<Q3_KTile>(products, multiprocessors, splits, stream);
-        case GGML_Q4_K: return launch_format<Q4_KTile>(products, multiprocessors, splits, stream);
-        case GGML_Q5_K: return launch_format<Q5_KTile>(products, multiprocessors, splits, stream);
-        case GGML_Q6_K: return launch_format<Q6_KTile>(products, multiprocessors, splits, stream);
-        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(products, multiprocessors, splits, stream);
-        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(products, multiprocessors, splits, stream);
-        case GGML_BF16: return launch_format<BF16Tile>(products, multiprocessors, splits, stream);
-        default: return minfer_refuse("no GEMM kernel for this GGML type");
-    }
+                            workspace,
+                            workspace_bytes},
+                           stream);
 }
 
-extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features,
-                                   int out_features, int n_tokens, void* workspace, long long workspace_bytes,
-                                   cudaStream_t stream) {
-    return launch_gemm_group(weight, y, out_features, nullptr, nullptr, 0, nullptr, nullptr, 0, type, x, in_features,
-                             n_tokens, workspace, workspace_bytes, stream);
+extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, const float* bias,
+                                   const float* residual, float* y, int in_features, int out_features, int n_tokens,
+                                   void* workspace, long long workspace_bytes, cudaStream_t stream) {
+    return launch_products({{weight, nullptr, nullptr},
+                            {bias, nullptr, nullptr},
+                            {y, nullptr, nullptr},
+                            {out_features, 0, 0},
+                            residual,
+                            type,
+                            x,
+                            in_features,
+                            n_tokens,
+                            workspace,
+                            workspace_bytes},
+                           stream);
 }

@@ -199,39 +199,51 @@ def matmul(b: Binding, node: Node) -> list[Launch]:
     kernel = matmul_kernel(node)
     if kernel == "gemv":
         return gemv(b, node)
+    if kernel == "gemm":
+        return gemm(b, node)
     x, weight = node.inputs
     out_features, in_features = weight.shape
-    product = dict(
-        weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x), y=b.ptr(node.output), in_features=in_features,
-        out_features=out_features, n_tokens=x.shape[0],
+    return launch(
+        b, mk.kernels.matmul, weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x), y=b.ptr(node.output),
+        in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
     )  # fmt: skip
-    if kernel == "gemm":
-        return launch(b, mk.kernels.gemm, **product, workspace=b.workspace, workspace_bytes=b.workspace_bytes)
-    return launch(b, mk.kernels.matmul, **product)
 
 
-def gemm_out_features(node: Node) -> list[int] | None:
-    """The out_features of each of GEMM_GROUP_PARTS parts (0: absent) of a node the tensor-core GEMM runs, or
-    None for any other node."""
-    if node.op is FusedOp.GEMM_GROUP:
-        weights = node.inputs[1:]
-    elif node.op is Op.MATMUL and matmul_kernel(node) == "gemm":
-        weights = node.inputs[1:2]
-    else:
-        return None
-    return [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
+def gemm_weights(node: Node) -> list[Tensor] | None:
+    """The weights of a node the tensor-core GEMM runs (a group's in part order), or None for any other node."""
+    if node.op in (FusedOp.GEMM, FusedOp.GEMM_GROUP):
+        return [t for name, t in zip(node.params["args"], node.inputs, strict=True) if name.startswith("weight")]
+    if node.op is Op.MATMUL and matmul_kernel(node) == "gemm":
+        return [node.inputs[1]]
+    return None
+
+
+def gemm(b: Binding, node: Node) -> list[Launch]:
+    """A prompt's product on the tensor cores: a MATMUL node, or a fused one with its bias and its residual add
+    (in place: the residual is in the output buffer)."""
+    named = named_inputs(b, node) if node.op is FusedOp.GEMM else {"x": b.ptr(node.inputs[0])}
+    x, weight, y = node.inputs[0], node.inputs[1], b.ptr(node.output)
+    return launch(
+        b, mk.kernels.gemm, weight=b.ptr(weight), type=b.weight_type(weight), x=named["x"], bias=named.get("bias"),
+        residual=y if "residual" in named else None, y=y, in_features=weight.shape[1], out_features=weight.shape[0],
+        n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
+    )  # fmt: skip
 
 
 def gemm_group(b: Binding, node: Node) -> list[Launch]:
-    x, *weights = node.inputs
+    """Each part's product, plus its bias where the node has one (`bias_<part>`)."""
+    named = named_inputs(b, node)
+    weights = gemm_weights(node)
+    x = node.inputs[0]
     parts: dict[str, object] = {}
-    for part, out_features in enumerate(gemm_out_features(node)):  # parts past the node's are absent
+    for part in range(GEMM_GROUP_PARTS):  # parts past the node's are absent
         present = part < len(weights)
-        parts[f"weight_{part}"] = b.ptr(weights[part]) if present else None
+        parts[f"weight_{part}"] = named.get(f"weight_{part}")
+        parts[f"bias_{part}"] = named.get(f"bias_{part}")
         parts[f"y_{part}"] = b.ptr(node.outputs[part]) if present else None
-        parts[f"out_features_{part}"] = out_features
+        parts[f"out_features_{part}"] = weights[part].shape[0] if present else 0
     return launch(
-        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=b.ptr(x), in_features=x.shape[1],
+        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=named["x"], in_features=x.shape[1],
         n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
 
@@ -329,9 +341,10 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
     ]
     gemm = []
     for node in nodes:
-        out_features = gemm_out_features(node)
-        if out_features is None:
+        weights = gemm_weights(node)
+        if weights is None:
             continue
+        out_features = [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
         x = node.inputs[0]
         gemm.append(mk.kernels.gemm_workspace_bytes(*out_features, x.shape[1], x.shape[0], multiprocessors))
         if gemm[-1] and attention:
@@ -378,5 +391,6 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
     FusedOp.SWIGLU_F32: swiglu_f32,
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
+    FusedOp.GEMM: gemm,
     FusedOp.GEMM_GROUP: gemm_group,
 }
