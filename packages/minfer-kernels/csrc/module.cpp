@@ -296,6 +296,11 @@ void bind_kernels(nb::module_& k) {
                     "weight_0"_a, "bias_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "bias_1"_a, "y_1"_a,
                     "out_features_1"_a, "weight_2"_a, "bias_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a,
                     "in_features"_a, "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "gemm_swiglu", launch_gemm_swiglu,
+                    "gemm's products of x by the gate and up weights (d_ff rows each, one GGML type) in one tile, "
+                    "then swiglu_f32 on them: h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f], h [n_tokens][d_ff]; "
+                    "K never cut into slices (no workspace).",
+                    "gate"_a, "up"_a, "type"_a, "x"_a, "h"_a, "in_features"_a, "d_ff"_a, "n_tokens"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
                     "One token: y[o] = sum_i W[o][i] * h[i] (+ residual[o]), h = x, or RMSNorm(x) * norm_weight when "
                     "norm_weight is not None; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "

@@ -36,6 +36,7 @@ from kernel_testing import (
     randn,
     random_weights,
     requires_gpu,
+    silu,
 )
 
 import minfer_kernels as mk
@@ -50,8 +51,9 @@ _session_rng = np.random.default_rng(int(os.environ.get("MINFER_TEST_SEED") or s
 
 
 @functools.lru_cache(maxsize=8)
-def weights(ggml_type: mk.GGMLType, rows: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Quantized random weights, shared by the tests of one shape; fresh every session."""
+def weights(ggml_type: mk.GGMLType, rows: int, n: int, draw: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Quantized random weights, shared by the tests of one shape (`draw`: another weight of that shape, as up
+    is to gate); fresh every session."""
     return random_weights(_session_rng, rows, n, ggml_type, scale=0.5)
 
 
@@ -287,6 +289,69 @@ def test_gemm_group_adds_each_parts_bias(rng, stream, dev, ggml_type, n_tokens):
             kernels.add_bias_f32(y.ptr, dev(bias), n_tokens, bias.size, stream.handle)
         expected = from_device(y, product.shape, np.float32, stream)
         assert np.array_equal(got[part], expected), f"gemm_group {ggml_type.name} x{n_tokens}: part {part}"
+
+
+# (in_features, d_ff): Qwen2.5-0.5B's gate|up (ffn_up-like 1024 -> 4864 for the super-block types), and an odd
+# block count with a d_ff that fills no tile (a paired tile holds 32 or 64 features).
+SWIGLU_CASES = [
+    (t, shape) for t in mk.GGMLType if t not in SUPER_BLOCK_TYPES for shape in [(896, 4864), (32 * 37, 1000)]
+]
+SWIGLU_CASES += [(t, shape) for t in SUPER_BLOCK_TYPES for shape in [(1024, 4864), (256 * 5, 1000)]]
+
+
+@pytest.mark.parametrize("n_tokens", [17, 100, 512])
+@pytest.mark.parametrize(("ggml_type", "shape"), SWIGLU_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_type, shape, n_tokens):
+    """gemm_swiglu against the float64 SwiGLU of the float64 products, and, where the gate|up group does not cut
+    K (its sums then add up in the same order as gemm_swiglu's), against gemm_group then swiglu_f32 to the bit.
+
+    Error bound: the products carry the GEMM's error, at most 2^-9 sum_i |W[f,i] x[t,i]| (C_gate, C_up), and
+    |silu'| < 1.1, so |h - h_ref| <= 2^-9 (1.1 C_gate |up| + |silu(gate)| C_up + 1.1 2^-9 C_gate C_up), the last
+    term the product of the two errors, plus float32 roundings of the SwiGLU itself, a few units of 2^-24 |h|
+    (within the 2^-9 |h| added to the scale)."""
+    in_features, d_ff = shape
+    (gate_raw, gate), (up_raw, up) = (weights(ggml_type, d_ff, in_features, draw) for draw in range(2))
+    x = randn(rng, n_tokens, in_features)
+    gate_ptr, up_ptr, x_ptr = dev(gate_raw), dev(up_raw), dev(x)
+    h = poisoned((n_tokens, d_ff), np.float32, stream)
+    kernels.gemm_swiglu(gate_ptr, up_ptr, ggml_type, x_ptr, h.ptr, in_features, d_ff, n_tokens, stream.handle)
+    got = from_device(h, (n_tokens, d_ff), np.float32, stream)
+    x64 = x.astype(np.float64)
+    g64, u64 = x64 @ gate.astype(np.float64).T, x64 @ up.astype(np.float64).T
+    condition_gate = np.abs(x64) @ np.abs(gate.astype(np.float64)).T
+    condition_up = np.abs(x64) @ np.abs(up.astype(np.float64)).T
+    expected = silu(g64) * u64
+    scale = 1.1 * condition_gate * (np.abs(u64) + ELEMENTWISE_RTOL * condition_up)
+    scale += np.abs(silu(g64)) * condition_up + np.abs(expected)
+    what = f"gemm_swiglu {ggml_type.name} {in_features}->{d_ff} x{n_tokens}"
+    assert_close(got, expected, ELEMENTWISE_RTOL, scale=scale, what=what)
+    if splits((d_ff, d_ff), in_features, n_tokens) == 1:
+        gate_out, up_out = run_gemm_group(stream, dev, ggml_type, (gate_raw, up_raw), x, (d_ff, d_ff))
+        out = mk.upload(gate_out, stream.handle)
+        kernels.swiglu_f32(out.ptr, dev(up_out), out.ptr, n_tokens, d_ff, d_ff, stream.handle)
+        unfused = from_device(out, (n_tokens, d_ff), np.float32, stream)
+        assert np.array_equal(got, unfused), f"{what}: differs from gemm_group then swiglu_f32"
+
+
+def test_gemm_swiglu_refuses_what_it_cannot_compute(stream):
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*multiple of 32"):
+        kernels.gemm_swiglu(p, p, mk.GGMLType.F32, p, p, 33, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*type must be"):
+        kernels.gemm_swiglu(p, p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, h)
+    for d_ff, n_tokens in ((0, 16), (4, 0), (-4, 16)):
+        with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*positive"):
+            kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p, p, 32, d_ff, n_tokens, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*x must be 16-byte aligned"):
+        kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*weight must be 16-byte aligned"):
+        kernels.gemm_swiglu(p, p + 4, mk.GGMLType.F16, p, p, 32, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*4-byte aligned"):
+        kernels.gemm_swiglu(p + 2, p, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*must not be null"):
+        kernels.gemm_swiglu(p, None, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
+    mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 
 def test_gemm_group_refuses_a_part_after_an_absent_one(stream):

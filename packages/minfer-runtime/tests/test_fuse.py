@@ -55,16 +55,20 @@ def test_a_decode_layer_is_five_kernels(preset):
 QKV_BIASED = "attn_q+attn_k+attn_v+attn_q_bias+attn_k_bias+attn_v_bias"
 
 
-def test_a_prompt_runs_q_k_v_and_gate_up_as_gemm_groups_and_swiglu_as_one_kernel():
+def test_a_prompt_runs_q_k_v_as_a_gemm_group_and_gate_up_with_its_swiglu_as_one_gemm():
     config = PRESETS["qwen2.5-0.5b"].config()
     graph = fuse(build_graph(config, 64, 256), one_type)
     groups = [node for node in graph.nodes if node.op is FusedOp.GEMM_GROUP]
-    assert [node.name for node in groups[:2]] == [f"blk.0.{QKV_BIASED}", "blk.0.ffn_gate+ffn_up"]
-    assert len(groups) == 2 * config.n_layers
+    assert [node.name for node in groups[:1]] == [f"blk.0.{QKV_BIASED}"]
+    assert len(groups) == config.n_layers
     assert [t.name for t in groups[0].outputs] == ["blk.0.attn_q_bias", "blk.0.attn_k_bias", "blk.0.attn_v_bias"]
+    swiglus = [node for node in graph.nodes if node.op is FusedOp.GEMM_SWIGLU]
+    assert len(swiglus) == config.n_layers
+    assert swiglus[0].name == "blk.0.ffn_gate+ffn_up+ffn_silu+ffn_gated"
+    assert swiglus[0].params["args"] == ("x", "gate", "up") and swiglus[0].output.name == "blk.0.ffn_gated"
+    assert [t.name for t in swiglus[0].inputs] == ["blk.0.ffn_norm", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]
     ops = [node.op for node in graph.nodes]
-    assert ops.count(FusedOp.SWIGLU_F32) == config.n_layers
-    assert not {Op.SILU, Op.MUL, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
+    assert not {Op.SILU, Op.MUL, FusedOp.SWIGLU_F32, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
     # A weight of another type ends a run (the Q4_K_M mix's attn_v), which keeps its own bias.
     mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("attn_v.weight") else 8)
     group = next(n for n in mixed.nodes if n.op is FusedOp.GEMM_GROUP)
@@ -106,7 +110,7 @@ def test_adds_the_gemm_cannot_make_stay_separate():
     biases = [n.name for n in short_bias.nodes if n.op is Op.ADD_BIAS]
     assert biases == [f"blk.0.attn_{p}_bias" for p in "qkv"]
     groups = [n for n in short_bias.nodes if n.op is FusedOp.GEMM_GROUP]
-    assert [n.name for n in groups[::2][:2]] == ["blk.0.attn_q+attn_k+attn_v", f"blk.1.{QKV_BIASED}"]
+    assert [n.name for n in groups[:2]] == ["blk.0.attn_q+attn_k+attn_v", f"blk.1.{QKV_BIASED}"]
     for n_tokens in (1, 8):
         assert FusedOp.GEMM not in {node.op for node in fuse(build_graph(config, n_tokens, 256), one_type).nodes}
     gemma = lowered("tiny-gemma3", 20)
@@ -177,6 +181,18 @@ def test_a_post_block_norm_is_added_into_the_residual_in_one_kernel():
         assert norm_add.params["args"] == ("x", "weight", "y") and norm_add.inplace_input == 2
         assert [t.name for t in norm_add.inputs[:2]] == ["blk.0.attn_output", "blk.0.post_attention_norm.weight"]
         assert norm_add.output.name == "blk.0.attn_residual"
+
+
+def test_a_swiglu_without_a_gate_up_group_stays_swiglu_f32():
+    """Gate and up of two types (no group), Phi's fused gate|up weight (one product, sliced) and fewer tokens
+    than the GEMM takes keep swiglu_f32; Gemma 3's GELU gate is no SwiGLU."""
+    config = PRESETS["qwen2.5-0.5b"].config()
+    mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("ffn_up.weight") else 8)
+    phi = fuse(build_graph(PRESETS["phi4-mini-small"].config(), 64, 256), one_type)
+    for graph in (mixed, phi, lowered("qwen2.5-0.5b", 8)):
+        ops = [node.op for node in graph.nodes]
+        assert FusedOp.GEMM_SWIGLU not in ops and FusedOp.SWIGLU_F32 in ops
+    assert FusedOp.GEMM_SWIGLU not in {node.op for node in lowered("tiny-gemma3", 20).nodes}
 
 
 def changed_layer_0(graph: Graph, change: str) -> Graph:
@@ -278,6 +294,12 @@ class FusedCpuGraph(CpuCompiledGraph):
             out += product  # out holds the residual: aliased or staged
         else:
             out[...] = product
+
+    def gemm_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        out[...] = parts["x"] @ parts["gate"].T
+        OPS[Op.SILU](self, node, [out], out)
+        out *= parts["x"] @ parts["up"].T
 
     def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         parts = dict(zip(node.params["args"], ins, strict=True))

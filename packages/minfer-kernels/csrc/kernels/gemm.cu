@@ -29,6 +29,10 @@
 // a workspace, and gemm_sum_splits adds the slices up in slice order, so the result does not depend on which
 // block finished first.
 //
+// Epilogues. y = residual + (sum + bias) as the whole sum is stored (gemm_sum_splits's store with split K).
+// Paired (launch_gemm_swiglu), the W tile holds gate and up rows in turns of 8 (tile_feature), so that a
+// thread's accumulators hold both sums of its features, and the store is h = silu(gate) * up.
+//
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
 // multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That instruction
 // set exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
@@ -81,6 +85,12 @@ using LargeTiles = TileShape<128, 128, 2, 4, 2, 1>;
 // A block alone on its SM waits for its own loads: two register stages, and the registers for them (two
 // blocks per SM; a 512-token prompt's narrow products make about one block per SM anyway).
 using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
+
+// Output features of one tile: BN, or paired (gemm_swiglu: a gate and an up row per feature) BN / 2.
+template <class Tiles, bool PAIRED>
+__host__ __device__ constexpr int features_per_tile() {
+    return PAIRED ? Tiles::BN / 2 : Tiles::BN;
+}
 
 // ---- Weight formats: 16 weights of one row (half a step's 32 columns) decoded to f16 ----------------------
 //
@@ -632,20 +642,37 @@ struct StepRegisters {
     typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
 };
 
-// Where a block's steps come from: x, W, the block's first token and first row, and its slice's first step
-// (step s of the block is step first_step + s of the rows).
+// Where a block's steps come from: x, W (paired: the gate's, and the up's rows in up_weight), the block's
+// first token and first row (paired: its first feature), and its slice's first step (step s of the block is
+// step first_step + s of the rows).
 struct StepSource {
     const float* x;
     const std::uint8_t* weight;
+    const std::uint8_t* up_weight;
     long long row_bytes;
     int in_features, n_tokens, out_features, first_token, first_row, first_step;
 };
+
+// Row r of the W tile is the product's weight row first_row + r; paired (gemm_swiglu), it holds gate and up
+// rows in turns of 8, the accumulator fragments' width: rows 16k .. 16k + 7 are the gate's rows of features
+// first_row + 8k .. first_row + 8k + 7 and rows 16k + 8 .. 16k + 15 the up's rows of the same features. A
+// fragment of even index then holds gate sums and the next one the up sums of the same features, in the same
+// registers of the same lanes: each thread has both sums of its features for the epilogue.
+template <bool PAIRED>
+__device__ __forceinline__ int tile_feature(int tile_row) {
+    return PAIRED ? tile_row / 16 * 8 + tile_row % 8 : tile_row;
+}
+
+template <bool PAIRED>
+__device__ __forceinline__ const std::uint8_t* tile_weight(const StepSource& source, int tile_row) {
+    return PAIRED && tile_row / 8 % 2 == 1 ? source.up_weight : source.weight;
+}
 
 // x tile: BM tokens x 32 values; float4 i of the tile is token i / 8, values 4 (i % 8) ..., so consecutive
 // threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
 // block, consecutive threads walking down the rows. Tokens past n_tokens and rows past out_features are
 // not read; they are stored as zeros.
-template <class Tiles, class Format>
+template <bool PAIRED, class Tiles, class Format>
 __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
@@ -659,13 +686,14 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
         const int i = threadIdx.x + p * Tiles::THREADS;
-        const int row = source.first_row + i / 2;
+        const int row = source.first_row + tile_feature<PAIRED>(i / 2);
         if (row < source.out_features)
-            regs.w[p] = Format::load(source.weight + row * source.row_bytes, source.first_step + step, i % 2);
+            regs.w[p] = Format::load(tile_weight<PAIRED>(source, i / 2) + row * source.row_bytes,
+                                     source.first_step + step, i % 2);
     }
 }
 
-template <class Tiles, class Format>
+template <bool PAIRED, class Tiles, class Format>
 __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& regs, __half* x_tile, __half* w_tile,
                                            int rows_left) {
 #pragma unroll
@@ -683,7 +711,7 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
         const int row = i / 2;
         const int part = i % 2;
         std::uint32_t words[8] = {};  // rows past out_features multiply as zeros
-        if (row < rows_left) Format::decode(regs.w[p], words);
+        if (tile_feature<PAIRED>(row) < rows_left) Format::decode(regs.w[p], words);
         __half* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
         *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
         *reinterpret_cast<uint4*>(out + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
@@ -759,7 +787,7 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
 // loads and the odd steps' alternate: at the start of step s the stage holding step s + 1 has its loads
 // in flight and the other was stored at the end of step s - 1, so it takes step s + 2, and each load has
 // two steps of products to arrive in.
-template <class Tiles, int AHEAD, class Format>
+template <class Tiles, int AHEAD, bool PAIRED, class Format>
 __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                               StepRegisters<Tiles, Format>& load_stage,
                                               const StepRegisters<Tiles, Format>& store_stage,
@@ -767,9 +795,9 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
                                               __half (*w_tiles)[Tiles::BN * TILE_STRIDE], int step, int n_steps,
                                               int rows_left, int warp_row, int warp_column) {
     const int current = step % 2;
-    if (step + AHEAD < n_steps) load_step(load_stage, source, step + AHEAD);
+    if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
     multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
-    if (step + 1 < n_steps) store_step(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+    if (step + 1 < n_steps) store_step<PAIRED>(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
     __syncthreads();
 }
 
@@ -819,10 +847,13 @@ __device__ __forceinline__ T part_value(int part, const T (&values)[MAX_GEMM_PAR
 // blockIdx.y the tile of tokens, blockIdx.z the slice of K: slice z of gridDim.z multiplies the contiguous
 // steps z * n / gridDim.z .. (z + 1) * n / gridDim.z - 1 of the n steps of the rows. With one slice the block
 // writes its tile of y, epilogue included; with more, its partial sums, which gemm_sum_splits adds up.
-template <class Tiles, class Format>
+// PAIRED (gemm_swiglu): one part, weight[0] the gate and weight[1] the up, y[0] = h, out_features[0] = d_ff;
+// a tile covers BN / 2 features (tile_feature), one slice.
+template <class Tiles, class Format, bool PAIRED>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_f16_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
                           int n_tokens) {
+    static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
     __shared__ __align__(16) __half x_tiles[2][Tiles::BM * TILE_STRIDE];
     __shared__ __align__(16) __half w_tiles[2][Tiles::BN * TILE_STRIDE];
 
@@ -830,7 +861,7 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     const int part = part_of(tile, parts.first_tile);
     const std::uint8_t* weight = part_value(part, parts.weight);
     const int out_features = part_value(part, parts.out_features);
-    const int first_row = (tile - part_value(part, parts.first_tile)) * Tiles::BN;
+    const int first_row = (tile - part_value(part, parts.first_tile)) * features_per_tile<Tiles, PAIRED>();
     const int first_token = blockIdx.y * Tiles::BM;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -850,48 +881,66 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     // into the other buffer (last read in step s - 1, before the barrier that ended it) and meets the barrier:
     // a load has two steps of products to arrive in, not one.
     StepRegisters<Tiles, Format> even, odd;  // with one register stage, `even` serves every step
-    const StepSource source{x,           weight,    row_bytes, in_features, n_tokens, out_features,
-                            first_token, first_row, first_step};
-    load_step(even, source, 0);
-    store_step(even, x_tiles[0], w_tiles[0], rows_left);
+    const StepSource source{x,           weight,    PAIRED ? parts.weight[1] : nullptr, row_bytes, in_features,
+                            n_tokens,    out_features, first_token, first_row,   first_step};
+    load_step<PAIRED>(even, source, 0);
+    store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
     if constexpr (Tiles::REGISTER_STAGES == 1) {
-        if (n_steps > 1) load_step(even, source, 1);
+        if (n_steps > 1) load_step<PAIRED>(even, source, 1);
         __syncthreads();
         for (int step = 0; step < n_steps; ++step)
-            pipeline_step<Tiles, 1>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left, warp_row,
-                                    warp_column);
+            pipeline_step<Tiles, 1, PAIRED>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left,
+                                            warp_row, warp_column);
     } else {
-        if (n_steps > 1) load_step(odd, source, 1);
+        if (n_steps > 1) load_step<PAIRED>(odd, source, 1);
         __syncthreads();
         // Two steps per trip, so that each stage is a fixed set of registers.
         for (int step = 0; step < n_steps; step += 2) {
-            pipeline_step<Tiles, 2>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left, warp_row,
-                                    warp_column);
+            pipeline_step<Tiles, 2, PAIRED>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left,
+                                            warp_row, warp_column);
             if (step + 1 < n_steps)
-                pipeline_step<Tiles, 2>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps, rows_left,
-                                        warp_row, warp_column);
+                pipeline_step<Tiles, 2, PAIRED>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps,
+                                                rows_left, warp_row, warp_column);
         }
     }
 
-    // One slice: y itself, through the epilogue. Several: this slice's [n_tokens][out_features] of the
-    // part's partial sums, as they are (gemm_sum_splits applies the epilogue once, to their total).
-    const bool whole = slices == 1;
-    float* out = whole ? part_value(part, parts.y)
-                       : part_value(part, parts.partial) + std::size_t(slice) * n_tokens * out_features;
-    const float* bias = part_value(part, parts.bias);
-    // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
+    if constexpr (PAIRED) {
+        // h = silu(gate) * up, silu as swiglu_f32 computes it (common.cuh). Fragment j (even) and j + 1 hold the
+        // gate and up sums of the features (warp_column + 8 j) / 2 + 2 (lane % 4) + e % 2 of the tile.
+        float* h = parts.y[0];
 #pragma unroll
-    for (int i = 0; i < Tiles::FRAGS_M; ++i)
+        for (int i = 0; i < Tiles::FRAGS_M; ++i)
 #pragma unroll
-        for (int j = 0; j < Tiles::FRAGS_N; ++j)
+            for (int j = 0; j < Tiles::FRAGS_N; j += 2)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
-                const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
-                const std::size_t index = std::size_t(token) * out_features + column;
-                if (token < n_tokens && column < out_features)
-                    out[index] = whole ? finish(acc[i][j][e], bias, parts.residual, column, index) : acc[i][j][e];
-            }
+                for (int e = 0; e < 4; ++e) {
+                    const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
+                    const int feature = first_row + (warp_column + 8 * j) / 2 + 2 * (lane % 4) + e % 2;
+                    if (token < n_tokens && feature < out_features)
+                        h[std::size_t(token) * out_features + feature] = silu(acc[i][j][e]) * acc[i][j + 1][e];
+                }
+    } else {
+        // One slice: y itself, through the epilogue. Several: this slice's [n_tokens][out_features] of the
+        // part's partial sums, as they are (gemm_sum_splits applies the epilogue once, to their total).
+        const bool whole = slices == 1;
+        float* out = whole ? part_value(part, parts.y)
+                           : part_value(part, parts.partial) + std::size_t(slice) * n_tokens * out_features;
+        const float* bias = part_value(part, parts.bias);
+        // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
+#pragma unroll
+        for (int i = 0; i < Tiles::FRAGS_M; ++i)
+#pragma unroll
+            for (int j = 0; j < Tiles::FRAGS_N; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
+                    const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
+                    const std::size_t index = std::size_t(token) * out_features + column;
+                    if (token < n_tokens && column < out_features)
+                        out[index] =
+                            whole ? finish(acc[i][j][e], bias, parts.residual, column, index) : acc[i][j][e];
+                }
+    }
 }
 
 // y = the sum of a split launch's slices, added in slice order, through the epilogue: the same additions in
@@ -930,23 +979,24 @@ struct Products {
 };
 
 // Tiles of output features of the parts as Tiles cut them, part p's after part p - 1's.
-template <class Tiles>
+template <class Tiles, bool PAIRED = false>
 int feature_tiles(const int (&out_features)[MAX_GEMM_PARTS]) {
     int tiles = 0;
-    for (const int n : out_features) tiles += ceil_div(n, Tiles::BN);
+    for (const int n : out_features) tiles += ceil_div(n, features_per_tile<Tiles, PAIRED>());
     return tiles;
 }
 
-template <class Tiles>
+template <class Tiles, bool PAIRED = false>
 long long tile_count(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens) {
-    return static_cast<long long>(feature_tiles<Tiles>(out_features)) * ceil_div(n_tokens, Tiles::BM);
+    return static_cast<long long>(feature_tiles<Tiles, PAIRED>(out_features)) * ceil_div(n_tokens, Tiles::BM);
 }
 
 // Large tiles when they alone give every SM a block (at 512 tokens: ffn_gate and ffn_up, 152 blocks);
 // fewer, bigger tiles re-read x and W less often. Otherwise small tiles, four times as many blocks, so
 // narrow products (N = 896: 112 blocks) and short prompts still spread over the GPU.
+template <bool PAIRED = false>
 bool large_tiles(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int multiprocessors) {
-    return tile_count<LargeTiles>(out_features, n_tokens) >= multiprocessors;
+    return tile_count<LargeTiles, PAIRED>(out_features, n_tokens) >= multiprocessors;
 }
 
 // At most this many slices of K: each adds a pass over the launch's outputs through the workspace, while
@@ -978,7 +1028,7 @@ long long partial_floats(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens
     return static_cast<long long>(splits) * n_tokens * outputs;
 }
 
-template <class Tiles, class Format>
+template <class Tiles, class Format, bool PAIRED>
 cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     GemmParts parts{};
     parts.residual = p.residual;
@@ -994,16 +1044,16 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
         parts.out_features[i] = p.out_features[i];
         parts.first_tile[i] = present ? tiles : INT_MAX;
         parts.first_column[i] = present ? columns : INT_MAX;
-        tiles += ceil_div(p.out_features[i], Tiles::BN);
+        tiles += ceil_div(p.out_features[i], features_per_tile<Tiles, PAIRED>());
         columns += p.out_features[i];
         if (present && splits > 1) partial += std::size_t(splits) * p.n_tokens * p.out_features[i];
     }
-    // grid.x: the tiles of output features, BN each, of every part in turn; grid.y: ceil(n_tokens / BM) tiles
-    // of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x share their x rows,
-    // which then stay in L2 while W streams past.
+    // grid.x: the tiles of output features, BN each (paired: BN / 2), of every part in turn; grid.y:
+    // ceil(n_tokens / BM) tiles of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x
+    // share their x rows, which then stay in L2 while W streams past.
     const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
     const long long weight_row_bytes = row_bytes(p.type, p.in_features);
-    gemm_f16_tensor_cores<Tiles, Format>
+    gemm_f16_tensor_cores<Tiles, Format, PAIRED>
         <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, p.x, p.in_features, p.n_tokens);
     if (splits == 1) return cudaGetLastError();
     if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
@@ -1015,17 +1065,16 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <class Format>
+template <class Format, bool PAIRED>
 cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
-    if (large_tiles(p.out_features, p.n_tokens, multiprocessors))
-        return launch_tiles<LargeTiles, Format>(p, splits, stream);  // splits_for never splits them
-    return launch_tiles<SmallTiles, Format>(p, splits, stream);
+    if (large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors))
+        return launch_tiles<LargeTiles, Format, PAIRED>(p, splits, stream);  // splits_for never splits them
+    return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
 }
 
-// The checks and the launch behind launch_gemm and launch_gemm_group.
-cudaError_t launch_products(const Products& p, cudaStream_t stream) {
-    const long long bytes = row_bytes(p.type, p.in_features);
-    if (bytes < 0 || p.in_features % K_STEP != 0)
+// The checks of every launch's arguments; cudaSuccess when they pass.
+cudaError_t refuse_products(const Products& p) {
+    if (row_bytes(p.type, p.in_features) < 0 || p.in_features % K_STEP != 0)
         return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
     if (p.in_features <= 0 || p.out_features[0] <= 0 || p.n_tokens <= 0)
         return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
@@ -1037,36 +1086,49 @@ cudaError_t launch_products(const Products& p, cudaStream_t stream) {
         if (!is_aligned(weight, float_weights ? 16 : 4))
             return minfer_refuse(
                 "weight must be 16-byte aligned for F32/F16/BF16 (16-byte loads) and 4-byte aligned otherwise");
+    return cudaSuccess;
+}
+
+cudaError_t device_multiprocessors(int& multiprocessors) {
     int device = 0;
-    int multiprocessors = 0;
     if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
-    if (const cudaError_t failed = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
-        failed != cudaSuccess)
-        return failed;
+    return cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+}
+
+template <bool PAIRED>
+cudaError_t launch_type(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
+    switch (p.type) {
+        case GGML_F32: return launch_format<F32Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_F16: return launch_format<F16Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q4_0: return launch_format<Q4_0Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q4_1: return launch_format<Q4_1Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q5_0: return launch_format<Q5_0Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q5_1: return launch_format<Q5_1Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q8_0: return launch_format<Q8_0Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q2_K: return launch_format<Q2_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q3_K: return launch_format<Q3_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q4_K: return launch_format<Q4_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q5_K: return launch_format<Q5_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q6_K: return launch_format<Q6_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_IQ4_NL: return launch_format<IQ4_NLTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_IQ4_XS: return launch_format<IQ4_XSTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_BF16: return launch_format<BF16Tile, PAIRED>(p, multiprocessors, splits, stream);
+        default: return minfer_refuse("no GEMM kernel for this GGML type");
+    }
+}
+
+// The checks and the launch behind launch_gemm and launch_gemm_group.
+cudaError_t launch_products(const Products& p, cudaStream_t stream) {
+    if (const cudaError_t refused = refuse_products(p); refused != cudaSuccess) return refused;
+    int multiprocessors = 0;
+    if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
     const int splits = splits_for(p.out_features, p.in_features, p.n_tokens, multiprocessors);
     const long long needed =
         partial_floats(p.out_features, p.n_tokens, splits) * static_cast<long long>(sizeof(float));
     if (needed > 0 && (p.workspace == nullptr || p.workspace_bytes < needed || !is_aligned(p.workspace, 4)))
         return minfer_refuse(
             "this launch splits K: workspace must hold gemm_workspace_bytes(...) bytes, 4-byte aligned (floats)");
-    switch (p.type) {
-        case GGML_F32: return launch_format<F32Tile>(p, multiprocessors, splits, stream);
-        case GGML_F16: return launch_format<F16Tile>(p, multiprocessors, splits, stream);
-        case GGML_Q4_0: return launch_format<Q4_0Tile>(p, multiprocessors, splits, stream);
-        case GGML_Q4_1: return launch_format<Q4_1Tile>(p, multiprocessors, splits, stream);
-        case GGML_Q5_0: return launch_format<Q5_0Tile>(p, multiprocessors, splits, stream);
-        case GGML_Q5_1: return launch_format<Q5_1Tile>(p, multiprocessors, splits, stream);
-        case GGML_Q8_0: return launch_format<Q8_0Tile>(p, multiprocessors, splits, stream);
-        case GGML_Q2_K: return launch_format<Q2_KTile>(p, multiprocessors, splits, stream);
-        case GGML_Q3_K: return launch_format<Q3_KTile>(p, multiprocessors, splits, stream);
-        case GGML_Q4_K: return launch_format<Q4_KTile>(p, multiprocessors, splits, stream);
-        case GGML_Q5_K: return launch_format<Q5_KTile>(p, multiprocessors, splits, stream);
-        case GGML_Q6_K: return launch_format<Q6_KTile>(p, multiprocessors, splits, stream);
-        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(p, multiprocessors, splits, stream);
-        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(p, multiprocessors, splits, stream);
-        case GGML_BF16: return launch_format<BF16Tile>(p, multiprocessors, splits, stream);
-        default: return minfer_refuse("no GEMM kernel for this GGML type");
-    }
+    return launch_type<false>(p, multiprocessors, splits, stream);
 }
 
 }  // namespace
@@ -1123,4 +1185,26 @@ extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x,
                             workspace,
                             workspace_bytes},
                            stream);
+}
+
+extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h,
+                                          int in_features, int d_ff, int n_tokens, cudaStream_t stream) {
+    // One part of d_ff features whose rows are the gate's and the up's (the kernel's PAIRED tiles); never split:
+    // the epilogue needs both whole sums.
+    const Products paired{{gate, up, nullptr},
+                          {nullptr, nullptr, nullptr},
+                          {h, nullptr, nullptr},
+                          {d_ff, 0, 0},
+                          nullptr,
+                          type,
+                          x,
+                          in_features,
+                          n_tokens,
+                          nullptr,
+                          0};
+    if (const cudaError_t refused = refuse_products(paired); refused != cudaSuccess) return refused;
+    if (gate == nullptr || up == nullptr || h == nullptr) return minfer_refuse("gate, up and h must not be null");
+    int multiprocessors = 0;
+    if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
+    return launch_type<true>(paired, multiprocessors, 1, stream);
 }

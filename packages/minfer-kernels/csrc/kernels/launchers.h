@@ -84,6 +84,10 @@ cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* 
                               const void* weight_2, const float* bias_2, float* y_2, int out_features_2, int type,
                               const float* x, int in_features, int n_tokens, void* workspace,
                               long long workspace_bytes, cudaStream_t stream);
+// h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f] over [n_tokens][d_ff], gate and up of one GGML type (d_ff
+// rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split.
+cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
+                               int d_ff, int n_tokens, cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type. gemv_swiglu

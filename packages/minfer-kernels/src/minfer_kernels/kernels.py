@@ -45,6 +45,7 @@ gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
 gemm = _kernels.gemm
 gemm_group = _kernels.gemm_group
 gemm_splits = _kernels.gemm_splits
+gemm_swiglu = _kernels.gemm_swiglu
 gemm_workspace_bytes = _kernels.gemm_workspace_bytes
 kv_store_f32 = _kernels.kv_store_f32
 attention_decode_f32 = _kernels.attention_decode_f32
@@ -72,6 +73,7 @@ __all__ = [
     "gemm",
     "gemm_group",
     "gemm_splits",
+    "gemm_swiglu",
     "gemm_workspace_bytes",
     "gemv",
     "gemv_geglu",

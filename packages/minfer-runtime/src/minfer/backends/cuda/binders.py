@@ -248,6 +248,14 @@ def gemm_group(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
+def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
+    x, gate = node.inputs[:2]
+    return launch(
+        b, mk.kernels.gemm_swiglu, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
+        in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0],
+    )  # fmt: skip
+
+
 def gemv(b: Binding, node: Node) -> list[Launch]:
     """One token: a MATMUL node, or a fused one with a norm before it and a residual add after it (in place:
     the residual is in the output buffer)."""
@@ -393,4 +401,5 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
     FusedOp.GEMM: gemm,
     FusedOp.GEMM_GROUP: gemm_group,
+    FusedOp.GEMM_SWIGLU: gemm_swiglu,
 }

@@ -38,6 +38,7 @@ class FusedOp(enum.Enum):
     RMS_NORM_ADD_F32 = "rms_norm_add_f32"  # y + rms_norm(x, g), in place into y (Gemma's post-block norms)
     GEMM = "gemm"  # a prompt's tensor-core matmul(x, W) (+ b) (+ the residual r, in place into r): r + (x W + b)
     GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x (+ b_p each), one launch
+    GEMM_SWIGLU = "gemm_swiglu"  # a prompt's silu(matmul(x, Wgate)) * matmul(x, Wup), on the tensor cores
 
 
 # From this many tokens on, a matmul runs the tensor-core GEMM instead of the matmul kernel. Measured on
@@ -66,7 +67,7 @@ def fuse(graph: Graph, weight_type: WeightType) -> Graph:
     """`graph` with every group of nodes a rule matches replaced by its fused node, the rules in order."""
     nodes = drop_single_last_row(graph)
     rules = (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_norm_add, fuse_gemm_groups,
-             fuse_gemm_epilogues)  # fmt: skip
+             fuse_gemm_epilogues, fuse_gemm_swiglu)  # fmt: skip
     for rule in rules:
         rewrite = Rewrite(nodes, {t.name for t in graph.outputs.values()})
         rule(rewrite, weight_type)
@@ -394,3 +395,19 @@ def fuse_gemm_epilogues(g: Rewrite, weight_type: WeightType) -> None:
             outputs[0], fields["inplace_input"] = add.output, len(inputs) - 1
         if len(members) > 1:
             g.replace(members, FusedOp.GEMM, inputs, outputs[0], tuple(args), **fields)
+
+
+def fuse_gemm_swiglu(g: Rewrite, weight_type: WeightType) -> None:
+    """A prompt's gate|up group (two parts, no bias) whose products only swiglu_f32 reads: one gemm_swiglu, whose
+    tiles hold each feature's gate and up rows side by side, so the SwiGLU is its epilogue and neither product
+    is ever stored."""
+    for group in g.nodes:
+        if group.op is not FusedOp.GEMM_GROUP or group.params["args"] != ("x", "weight_0", "weight_1"):
+            continue
+        swiglu = g.sole_reader(group.outputs[0], FusedOp.SWIGLU_F32)
+        if swiglu is None or g.sole_reader(group.outputs[1], FusedOp.SWIGLU_F32) is not swiglu:
+            continue
+        weights = dict(zip((t.name for t in group.outputs), group.inputs[1:], strict=True))
+        gate, up = (weights[t.name] for t in swiglu.inputs)
+        g.replace([group, swiglu], FusedOp.GEMM_SWIGLU, [group.inputs[0], gate, up], swiglu.output,
+                  ("x", "gate", "up"))  # fmt: skip
