@@ -46,20 +46,16 @@ def prefill_cases(
     counts around GEMM_MIN_TOKENS (the runtime's switch from matmul to gemm), and prefill attention."""
     cases: list[tuple[str, float, Callable[[], None]]] = []
 
-    multiprocessors = mk.devices()[0].sm_count
-
     def product(kernel: Callable[..., None], ggml_type: mk.GGMLType, n_in: int, n_out: int, n_tokens: int) -> None:
         w = device(mk.row_bytes(ggml_type, n_in) * n_out)
         x, y = floats(n_in * n_tokens), floats(n_out * n_tokens)
-        name = f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}"
-        args: tuple[object, ...] = (w, ggml_type, x, y, n_in, n_out, n_tokens, h)
-        if kernel is kernels.gemm:  # no bias or residual; the workspace of its slices of K, where it splits
-            splits = kernels.gemm_splits(n_out, 0, 0, n_in, n_tokens, multiprocessors)
-            nbytes = kernels.gemm_workspace_bytes(n_out, 0, 0, n_in, n_tokens, multiprocessors)
-            space = floats(nbytes // 4) if nbytes else None
-            args = (w, ggml_type, x, None, None, y, n_in, n_out, n_tokens, space, nbytes, h)
-            name += f" ({splits} K slices)" if splits > 1 else ""
-        cases.append((name, 2.0 * n_in * n_out * n_tokens, lambda: kernel(*args)))
+        cases.append(
+            (
+                f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}",
+                2.0 * n_in * n_out * n_tokens,
+                lambda: kernel(w, ggml_type, x, y, n_in, n_out, n_tokens, h),
+            )
+        )
 
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16):
         for n_in, n_out in ((HIDDEN, FFN), (FFN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, KV_HEADS * HEAD_DIM)):

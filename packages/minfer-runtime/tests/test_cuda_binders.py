@@ -13,11 +13,7 @@ from minfer.models import build_graph
 from minfer.testing.synthetic import scaled
 
 mk = pytest.importorskip("minfer_kernels", reason="minfer-kernels is not installed (it needs nvcc to build)")
-from minfer.backends.cuda.binders import (  # noqa: E402 (needs minfer_kernels)
-    BINDERS,
-    DECODE_ATTENTION_SPLITS,
-    graph_workspace_bytes,
-)
+from minfer.backends.cuda.binders import BINDERS  # noqa: E402 (needs minfer_kernels)
 from minfer.backends.cuda.fuse import FusedOp, fuse  # noqa: E402
 
 
@@ -25,8 +21,7 @@ class FakeBinding:
     """Addresses by tensor name, every weight Q8_0: what a binder reads of a compiled graph."""
 
     stream = 7
-    workspace = 1 << 20
-    workspace_bytes = 1 << 24
+    attention_workspace = 1 << 20
 
     def __init__(self) -> None:
         self.addresses: dict[str, int] = {}
@@ -63,16 +58,3 @@ def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
     assert ("gemv_qkv_rope_store" in kernels) == (decode and not config.fused_qkv)
     assert ("head_norm_rope_f32" in kernels) == (decode and config.qk_norm)
     assert ("gemv_geglu" in kernels) == (decode and config.activation == "gelu")
-
-
-def test_a_graphs_workspace_is_the_most_any_of_its_launches_needs():
-    """Qwen2.5-0.5B on an H200's 132 SMs: a 512-token prompt's split ffn_down and attn_output (2 slices of
-    [512][896] floats each), a 128-token one's ffn_down (8 slices of [128][896]); decode attention's alone."""
-    config = scaled("qwen2.5-0.5b", n_layers=2).config()
-    for n_tokens, splits in ((512, 2), (128, 8)):
-        graph = fuse(build_graph(config, n_tokens, 1024), lambda name: int(mk.GGMLType.Q8_0))
-        assert graph_workspace_bytes(graph.nodes, 132) == splits * n_tokens * config.d_model * 4
-    decode = fuse(build_graph(config, 1, 1024), lambda name: int(mk.GGMLType.Q8_0))
-    heads, head_dim = config.n_heads, config.head_dim
-    needs = mk.kernels.attention_decode_workspace_bytes(heads, head_dim, DECODE_ATTENTION_SPLITS)
-    assert graph_workspace_bytes(decode.nodes, 132) == needs

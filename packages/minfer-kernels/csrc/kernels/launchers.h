@@ -65,29 +65,12 @@ cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y
                           int out_features, int n_tokens, cudaStream_t stream);
 
 // gemm.cu. A group is up to three products of one x (weights of one type; out_features 0: the part and the
-// ones after it are absent), in one launch. Each part's y = x W^T + bias (bias nullptr: none); launch_gemm's
-// y = residual + (x W^T + bias) (residual nullptr: none; it may be y itself, the add in place), the order of
-// gemm, add_bias_f32 and add_f32 one after the other, so the result is theirs to the bit. Where the launch's
-// tiles leave the GPU's block slots empty, K is cut into gemm_splits(...) slices (1: none) whose partial sums
-// meet in `workspace`, then are added in slice order (deterministic); the launch needs
-// gemm_workspace_bytes(...) bytes there (0 when it does not split: workspace may then be nullptr), for the
-// same parts, in_features and n_tokens and the device's multiprocessor count.
-int gemm_splits(int out_features_0, int out_features_1, int out_features_2, int in_features, int n_tokens,
-                int multiprocessors);
-long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2, int in_features,
-                               int n_tokens, int multiprocessors);
-cudaError_t launch_gemm(const void* weight, int type, const float* x, const float* bias, const float* residual,
-                        float* y, int in_features, int out_features, int n_tokens, void* workspace,
-                        long long workspace_bytes, cudaStream_t stream);
-cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* y_0, int out_features_0,
-                              const void* weight_1, const float* bias_1, float* y_1, int out_features_1,
-                              const void* weight_2, const float* bias_2, float* y_2, int out_features_2, int type,
-                              const float* x, int in_features, int n_tokens, void* workspace,
-                              long long workspace_bytes, cudaStream_t stream);
-// h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f] over [n_tokens][d_ff], gate and up of one GGML type (d_ff
-// rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split.
-cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
-                               int d_ff, int n_tokens, cudaStream_t stream);
+// ones after it are absent), in one launch.
+cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features, int out_features,
+                        int n_tokens, cudaStream_t stream);
+cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1, float* y_1,
+                              int out_features_1, const void* weight_2, float* y_2, int out_features_2, int type,
+                              const float* x, int in_features, int n_tokens, cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type. gemv_swiglu

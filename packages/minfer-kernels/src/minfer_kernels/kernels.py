@@ -44,9 +44,6 @@ gemv_geglu = _kernels.gemv_geglu
 gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
 gemm = _kernels.gemm
 gemm_group = _kernels.gemm_group
-gemm_splits = _kernels.gemm_splits
-gemm_swiglu = _kernels.gemm_swiglu
-gemm_workspace_bytes = _kernels.gemm_workspace_bytes
 kv_store_f32 = _kernels.kv_store_f32
 attention_decode_f32 = _kernels.attention_decode_f32
 attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
@@ -72,9 +69,6 @@ __all__ = [
     "gelu_f32",
     "gemm",
     "gemm_group",
-    "gemm_splits",
-    "gemm_swiglu",
-    "gemm_workspace_bytes",
     "gemv",
     "gemv_geglu",
     "gemv_int8",

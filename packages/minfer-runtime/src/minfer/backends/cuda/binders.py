@@ -46,8 +46,7 @@ class Binding(Protocol):
     """What a binder reads of the compiled graph: where each tensor lives, and the backend's facts."""
 
     stream: int
-    workspace: int  # the graph's one workspace (graph_workspace_bytes), its address and size
-    workspace_bytes: int
+    attention_workspace: int
 
     def ptr(self, tensor: Tensor) -> int: ...
 
@@ -199,60 +198,24 @@ def matmul(b: Binding, node: Node) -> list[Launch]:
     kernel = matmul_kernel(node)
     if kernel == "gemv":
         return gemv(b, node)
-    if kernel == "gemm":
-        return gemm(b, node)
     x, weight = node.inputs
     out_features, in_features = weight.shape
     return launch(
-        b, mk.kernels.matmul, weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x), y=b.ptr(node.output),
-        in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
-    )  # fmt: skip
-
-
-def gemm_weights(node: Node) -> list[Tensor] | None:
-    """The weights of a node the tensor-core GEMM runs (a group's in part order), or None for any other node."""
-    if node.op in (FusedOp.GEMM, FusedOp.GEMM_GROUP):
-        return [t for name, t in zip(node.params["args"], node.inputs, strict=True) if name.startswith("weight")]
-    if node.op is Op.MATMUL and matmul_kernel(node) == "gemm":
-        return [node.inputs[1]]
-    return None
-
-
-def gemm(b: Binding, node: Node) -> list[Launch]:
-    """A prompt's product on the tensor cores: a MATMUL node, or a fused one with its bias and its residual add
-    (in place: the residual is in the output buffer)."""
-    named = named_inputs(b, node) if node.op is FusedOp.GEMM else {"x": b.ptr(node.inputs[0])}
-    x, weight, y = node.inputs[0], node.inputs[1], b.ptr(node.output)
-    return launch(
-        b, mk.kernels.gemm, weight=b.ptr(weight), type=b.weight_type(weight), x=named["x"], bias=named.get("bias"),
-        residual=y if "residual" in named else None, y=y, in_features=weight.shape[1], out_features=weight.shape[0],
-        n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
+        b, getattr(mk.kernels, kernel), weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x),
+        y=b.ptr(node.output), in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
     )  # fmt: skip
 
 
 def gemm_group(b: Binding, node: Node) -> list[Launch]:
-    """Each part's product, plus its bias where the node has one (`bias_<part>`)."""
-    named = named_inputs(b, node)
-    weights = gemm_weights(node)
-    x = node.inputs[0]
+    x, *weights = node.inputs
     parts: dict[str, object] = {}
     for part in range(GEMM_GROUP_PARTS):  # parts past the node's are absent
-        present = part < len(weights)
-        parts[f"weight_{part}"] = named.get(f"weight_{part}")
-        parts[f"bias_{part}"] = named.get(f"bias_{part}")
-        parts[f"y_{part}"] = b.ptr(node.outputs[part]) if present else None
-        parts[f"out_features_{part}"] = weights[part].shape[0] if present else 0
+        weight, y = (weights[part], node.outputs[part]) if part < len(weights) else (None, None)
+        parts[f"weight_{part}"], parts[f"y_{part}"] = (b.ptr(weight), b.ptr(y)) if weight is not None else (None, None)
+        parts[f"out_features_{part}"] = weight.shape[0] if weight is not None else 0
     return launch(
-        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=named["x"], in_features=x.shape[1],
-        n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
-    )  # fmt: skip
-
-
-def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
-    x, gate = node.inputs[:2]
-    return launch(
-        b, mk.kernels.gemm_swiglu, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
-        in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0],
+        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=b.ptr(x), in_features=x.shape[1],
+        n_tokens=x.shape[0],
     )  # fmt: skip
 
 
@@ -329,35 +292,19 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
     if q.shape[0] == 1:
         return launch(
-            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.workspace,
+            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.attention_workspace,
             n_splits=DECODE_ATTENTION_SPLITS,
         )  # fmt: skip
     return launch(b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0])
 
 
-def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
-    """Bytes of a graph's one workspace: the most any of its nodes needs, decode attention (its per-head
-    counters and split results) or a GEMM that splits K (its slices' partial sums; gemm_workspace_bytes, on a
-    GPU of `multiprocessors` SMs). The launches follow each other on one stream, so one buffer serves them in
-    turn. Not both kinds, though: decode attention's counters must stay zeroed from one launch to the next,
-    and a GEMM's partial sums would overwrite them. Decode attention is a one-token graph's and the GEMM a
-    graph's of GEMM_MIN_TOKENS tokens or more, so no model's graph has both; one that did is refused."""
-    attention = [
-        mk.kernels.attention_decode_workspace_bytes(n.params["n_heads"], n.params["head_dim"], DECODE_ATTENTION_SPLITS)
-        for n in nodes
-        if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1
-    ]
-    gemm = []
-    for node in nodes:
-        weights = gemm_weights(node)
-        if weights is None:
-            continue
-        out_features = [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
-        x = node.inputs[0]
-        gemm.append(mk.kernels.gemm_workspace_bytes(*out_features, x.shape[1], x.shape[0], multiprocessors))
-        if gemm[-1] and attention:
-            raise refuse(node, "it splits K in a graph with decode attention, whose counters it would clobber")
-    return max([0, *attention, *gemm])
+def attention_workspace_bytes(nodes: list[Node]) -> int:
+    """Bytes of the workspace the graph's decode attention needs (0 without one)."""
+    decode = [n for n in nodes if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1]
+    if not decode:
+        return 0
+    p = decode[0].params
+    return mk.kernels.attention_decode_workspace_bytes(p["n_heads"], p["head_dim"], DECODE_ATTENTION_SPLITS)
 
 
 # -- the runtime's copies ----------------------------------------------------------------------------
@@ -399,7 +346,5 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
     FusedOp.SWIGLU_F32: swiglu_f32,
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
-    FusedOp.GEMM: gemm,
     FusedOp.GEMM_GROUP: gemm_group,
-    FusedOp.GEMM_SWIGLU: gemm_swiglu,
 }
