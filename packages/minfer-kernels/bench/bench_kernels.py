@@ -46,16 +46,20 @@ def prefill_cases(
     counts around GEMM_MIN_TOKENS (the runtime's switch from matmul to gemm), and prefill attention."""
     cases: list[tuple[str, float, Callable[[], None]]] = []
 
+    multiprocessors = mk.devices()[0].sm_count
+
     def product(kernel: Callable[..., None], ggml_type: mk.GGMLType, n_in: int, n_out: int, n_tokens: int) -> None:
         w = device(mk.row_bytes(ggml_type, n_in) * n_out)
         x, y = floats(n_in * n_tokens), floats(n_out * n_tokens)
-        cases.append(
-            (
-                f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}",
-                2.0 * n_in * n_out * n_tokens,
-                lambda: kernel(w, ggml_type, x, y, n_in, n_out, n_tokens, h),
-            )
-        )
+        name = f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}"
+        args: tuple[object, ...] = (w, ggml_type, x, y, n_in, n_out, n_tokens, h)
+        if kernel is kernels.gemm:  # no bias or residual; the workspace of its slices of K, where it splits
+            splits = kernels.gemm_splits(n_out, 0, 0, n_in, n_tokens, multiprocessors)
+            nbytes = kernels.gemm_workspace_bytes(n_out, 0, 0, n_in, n_tokens, multiprocessors)
+            space = floats(nbytes // 4) if nbytes else None
+            args = (w, ggml_type, x, None, None, y, n_in, n_out, n_tokens, space, nbytes, h)
+            name += f" ({splits} K slices)" if splits > 1 else ""
+        cases.append((name, 2.0 * n_in * n_out * n_tokens, lambda: kernel(*args)))
 
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16):
         for n_in, n_out in ((HIDDEN, FFN), (FFN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, KV_HEADS * HEAD_DIM)):
@@ -71,21 +75,28 @@ def prefill_cases(
             product(kernel, mk.GGMLType.Q4_0, HIDDEN, FFN, n_tokens)
             product(kernel, mk.GGMLType.Q4_0, FFN, HIDDEN, n_tokens)
 
-    # A prompt from position 0, and one behind a cache of `depth` rows (llama-bench's pp512 at depth 2048).
-    for n_tokens, depth in ((512, 0), (2048, 0), (512, 2048)):
-        kv_dim, n_ctx = KV_HEADS * HEAD_DIM, depth + n_tokens
+    # A prompt from position 0, and one behind a cache of `depth` rows (llama-bench's pp512 at depth 2048), with
+    # max_rows the largest position + 1; and as the runtime launches them, max_rows the cache's n_ctx (4096 by
+    # default), whose extra slices the shallow prompt leaves empty.
+    shapes = ((512, 0, 512), (2048, 0, 2048), (512, 2048, 2560), (512, 0, 4096), (512, 2048, 4096))
+    for n_tokens, depth, n_ctx in shapes:  # tokens, the cache rows before them, n_ctx (the launch's max_rows too)
+        kv_dim, max_rows = KV_HEADS * HEAD_DIM, depth + n_tokens
         q, out = floats(n_tokens * HEADS * HEAD_DIM), floats(n_tokens * HEADS * HEAD_DIM)
         k_cache, v_cache = floats(n_ctx * kv_dim), floats(n_ctx * kv_dim)
         positions = mk.upload(depth + np.arange(n_tokens, dtype=np.int32), h)
         keep.append(positions)
-        visible_rows = n_ctx * (n_ctx + 1) // 2 - depth * (depth + 1) // 2
+        splits = kernels.attention_prefill_splits(n_tokens, HEADS, HEAD_DIM, n_ctx, multiprocessors)
+        nbytes = kernels.attention_prefill_workspace_bytes(n_tokens, HEADS, HEAD_DIM, n_ctx, multiprocessors)
+        space = floats(nbytes // 4) if nbytes else None
+        visible_rows = max_rows * (max_rows + 1) // 2 - depth * (depth + 1) // 2
+        name = f"attention prefill {n_tokens} tokens" + (f" at depth {depth}" if depth else "")
         cases.append(
             (
-                f"attention prefill {n_tokens} tokens" + (f" at depth {depth}" if depth else ""),
+                name + (f", n_ctx {n_ctx}" if n_ctx > max_rows else "") + f" ({splits} slices)",
                 4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
-                lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens, c=n_ctx: (
+                lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens, c=n_ctx, s=space, b=nbytes: (
                     kernels.attention_prefill_f32(
-                        q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, c, HEAD_DIM**-0.5, 0, h
+                        q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, c, c, HEAD_DIM**-0.5, 0, s, b, h
                     )
                 ),
             )

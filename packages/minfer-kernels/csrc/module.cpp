@@ -221,8 +221,22 @@ void bind_kernels(nb::module_& k) {
           "Bytes of one GGUF row of n_values values of GGML type `type`; -1 when unsupported or not whole blocks.");
     k.def("argmax_workspace_bytes", &argmax_workspace_bytes, "rows"_a, "n"_a,
           "Bytes of the workspace argmax_f32 needs.");
+    k.def("gemm_splits", &gemm_splits, "out_features_0"_a, "out_features_1"_a, "out_features_2"_a, "in_features"_a,
+          "n_tokens"_a, "multiprocessors"_a,
+          "Slices of K gemm_group cuts a launch of these parts into on a GPU of `multiprocessors` SMs (1: none).");
+    k.def("gemm_workspace_bytes", &gemm_workspace_bytes, "out_features_0"_a, "out_features_1"_a, "out_features_2"_a,
+          "in_features"_a, "n_tokens"_a, "multiprocessors"_a,
+          "Bytes of the workspace gemm_group (gemm: out_features_1 = out_features_2 = 0) needs; 0 when it does not "
+          "split K.");
     k.def("attention_decode_workspace_bytes", &attention_decode_workspace_bytes, "n_heads"_a, "head_dim"_a,
           "n_splits"_a, "Bytes of the workspace attention_decode_f32 needs.");
+    k.def("attention_prefill_splits", &attention_prefill_splits, "n_tokens"_a, "n_heads"_a, "head_dim"_a,
+          "max_rows"_a, "multiprocessors"_a,
+          "Slices of the cache rows attention_prefill_f32 cuts a launch into on a GPU of `multiprocessors` SMs "
+          "(1: none).");
+    k.def("attention_prefill_workspace_bytes", &attention_prefill_workspace_bytes, "n_tokens"_a, "n_heads"_a,
+          "head_dim"_a, "max_rows"_a, "multiprocessors"_a,
+          "Bytes of the workspace attention_prefill_f32 needs; 0 when it does not split the cache rows.");
 
     MINFER_LAUNCHER(k, "add_f32", launch_add_f32, "out[i] = a[i] + b[i]; out may alias a or b.", "a"_a, "b"_a,
                     "out"_a, "n"_a, "stream"_a);
@@ -276,15 +290,24 @@ void bind_kernels(nb::module_& k) {
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemm", launch_gemm,
                     "matmul's product on the tensor cores, for many tokens: W and x rounded to f16, float32 sums; "
-                    "in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte aligned.",
-                    "weight"_a, "type"_a, "x"_a, "y"_a, "in_features"_a, "out_features"_a, "n_tokens"_a,
-                    "stream"_a);
+                    "y = residual + (x W^T + bias), the order of gemm, add_bias_f32 and add_f32 (bias, residual "
+                    "None: none; residual may be y); in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte "
+                    "aligned; `workspace`: gemm_workspace_bytes(out_features, 0, 0, ...) bytes (None when that is 0).",
+                    "weight"_a, "type"_a, "x"_a, "bias"_a, "residual"_a, "y"_a, "in_features"_a, "out_features"_a,
+                    "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemm_group", launch_gemm_group,
                     "gemm's products of one x by up to three weights of one GGML type in one launch: y_p[t][o] = "
-                    "sum_i W_p[o][i] * x[t][i]; out_features_p 0 (pointers None): part p and the ones after it are absent.",
-                    "weight_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "y_1"_a, "out_features_1"_a,
-                    "weight_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a, "in_features"_a, "n_tokens"_a,
-                    "stream"_a);
+                    "sum_i W_p[o][i] * x[t][i] + bias_p[o] (bias_p None: none); out_features_p 0 (pointers None): "
+                    "part p and the ones after it are absent; `workspace`: gemm_workspace_bytes(...) bytes (None "
+                    "when that is 0).",
+                    "weight_0"_a, "bias_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "bias_1"_a, "y_1"_a,
+                    "out_features_1"_a, "weight_2"_a, "bias_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a,
+                    "in_features"_a, "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "gemm_swiglu", launch_gemm_swiglu,
+                    "gemm's products of x by the gate and up weights (d_ff rows each, one GGML type) in one tile, "
+                    "then swiglu_f32 on them: h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f], h [n_tokens][d_ff]; "
+                    "K never cut into slices (no workspace).",
+                    "gate"_a, "up"_a, "type"_a, "x"_a, "h"_a, "in_features"_a, "d_ff"_a, "n_tokens"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
                     "One token: y[o] = sum_i W[o][i] * h[i] (+ residual[o]), h = x, or RMSNorm(x) * norm_weight when "
                     "norm_weight is not None; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "
@@ -332,9 +355,11 @@ void bind_kernels(nb::module_& k) {
     MINFER_LAUNCHER(k, "attention_prefill_f32", launch_attention_prefill_f32,
                     "Causal attention: query t (q/out [n_tokens][n_heads*head_dim]) over cache rows "
                     "0..positions[t] (the last `window` of them; 0: all), scores scale * q.k; positions: device "
-                    "int32 [n_tokens].",
+                    "int32 [n_tokens]; max_rows (1..n_ctx) bounds the rows a query sees and sets the slices of the "
+                    "cache rows; `workspace`: attention_prefill_workspace_bytes(...) bytes (None when that is 0).",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
-                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "scale"_a, "window"_a, "stream"_a);
+                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "max_rows"_a, "scale"_a, "window"_a, "workspace"_a,
+                    "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "argmax_f32", launch_argmax_f32,
                     "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",

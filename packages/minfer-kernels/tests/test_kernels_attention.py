@@ -9,10 +9,17 @@ output is a convex combination of V rows):
   exponential would amplify, is modelled instead of tolerated. What is left is P: each weight w <= 1 is
   rounded to f16 for P V, off by at most 2^-11 w (2^-25 below f16's normal range), over a float32
   denominator >= 1 of the unrounded weights: at most 2^-11 + n 2^-25 for n visible rows, so 2^-11 + 2^-13
-  for the at most 4096 rows a query here sees; plus the float32 bound.
+  for the at most 4096 rows a query here sees; plus the float32 bound. A prefill split over the cache rows
+  rounds each slice's weights against its own maximum, which the same bound covers, and merges the slices
+  in float32.
+
+A split launch's workspace starts as NaN: the kernel may not read what it did not write there (the runtime
+shares that buffer with the GEMM's partial sums, so it never starts zeroed).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -155,46 +162,73 @@ PREFILL_POSITIONS = {
 }
 
 
-def check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window=0):
-    """Prefill random queries at `positions` and compare with the reference of the kernel that runs."""
-    n_tokens = len(positions)
-    q = randn(rng, n_tokens, n_heads * head_dim, scale=2.0)
-    out = poisoned(q.shape, np.float32, stream)
+@functools.cache
+def multiprocessors() -> int:
+    return mk.devices()[0].sm_count
+
+
+def prefill_splits(n_tokens, n_heads, head_dim, max_rows):
+    """The slices of the cache rows attention_prefill_f32 cuts a launch into on this GPU (1: none)."""
+    return kernels.attention_prefill_splits(n_tokens, n_heads, head_dim, max_rows, multiprocessors())
+
+
+def run_prefill(stream, q, k_dev, v_dev, positions_dev, n_tokens, n_heads, n_kv_heads, head_dim, window, max_rows,
+                workspace=None):  # fmt: skip
+    """attention_prefill_f32's output for device inputs; its workspace poisoned (NaN: the kernel must not read
+    what it did not write) unless one is given, to be reused."""
+    nbytes = kernels.attention_prefill_workspace_bytes(n_tokens, n_heads, head_dim, max_rows, multiprocessors())
+    if workspace is None and nbytes:
+        workspace = poisoned((nbytes // 4,), np.float32, stream)
+    shape = (n_tokens, n_heads * head_dim)
+    out = poisoned(shape, np.float32, stream)
     kernels.attention_prefill_f32(
-        dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(positions), n_tokens,
-        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), window, stream.handle,
+        q.ptr, k_dev.ptr, v_dev.ptr, out.ptr, positions_dev.ptr, n_tokens, n_heads, n_kv_heads, head_dim, N_CTX,
+        max_rows, 1 / np.sqrt(head_dim), window, None if workspace is None else workspace.ptr, nbytes, stream.handle,
     )  # fmt: skip
-    got = from_device(out, q.shape, np.float32, stream)
+    return from_device(out, shape, np.float32, stream)
+
+
+def check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window=0, max_rows=None):
+    """Prefill random queries at `positions` and compare with the reference of the kernel that runs. max_rows:
+    the bound the launch splits the cache rows by, the largest position + 1 unless given. Returns the output and
+    the device inputs, for a rerun."""
+    n_tokens = len(positions)
+    max_rows = int(positions.max()) + 1 if max_rows is None else max_rows
+    q = randn(rng, n_tokens, n_heads * head_dim, scale=2.0)
+    inputs = [to_device(a, stream) for a in (q, k_cache, v_cache, positions)]
+    got = run_prefill(stream, *inputs, n_tokens, n_heads, n_kv_heads, head_dim, window, max_rows)
     f16 = on_tensor_cores(head_dim)
     expected = attention(q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, window=window, f16_operands=f16)
     first_seen = max(0, int(positions.min()) - window + 1) if window else 0
     visible = v_cache[first_seen : positions.max() + 1]
-    what = f"prefill attention on the {'tensor' if f16 else 'CUDA'} cores"
+    splits = prefill_splits(n_tokens, n_heads, head_dim, max_rows) if f16 else 1
+    what = f"prefill attention on the {'tensor' if f16 else 'CUDA'} cores in {splits} slices"
     assert_close(got, expected, RTOL_TENSOR_CORES if f16 else RTOL, scale=np.abs(visible).max(), what=what)
+    return got, inputs
 
 
 @pytest.mark.parametrize("positions_of", PREFILL_POSITIONS.values(), ids=PREFILL_POSITIONS.keys())
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
-def test_prefill_attention_is_causal_by_position(rng, stream, dev, n_heads, n_kv_heads, head_dim, positions_of):
+def test_prefill_attention_is_causal_by_position(rng, stream, n_heads, n_kv_heads, head_dim, positions_of):
     positions = positions_of(rng).astype(np.int32)
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, int(positions.max()) + 1)
-    check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
+    check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
 
 
 @pytest.mark.parametrize(
     ("n_heads", "n_kv_heads", "head_dim"),
     [(14, 2, 64), (16, 8, 128), (6, 2, 96), (5, 1, 160), (4, 1, 256)],  # and head sizes that are not powers of 2
 )
-def test_prefill_attention_over_a_long_prompt(rng, stream, dev, n_heads, n_kv_heads, head_dim):
+def test_prefill_attention_over_a_long_prompt(rng, stream, n_heads, n_kv_heads, head_dim):
     """A 600-token prompt after 40 cached rows: many K/V tiles per block, a partial last query tile."""
     positions = (40 + np.arange(600)).astype(np.int32)
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 640)
-    check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
+    check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
 
 
 @pytest.mark.parametrize("window", [1, 20, 64, 100, 4096])
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
-def test_prefill_attention_sees_only_its_window(rng, stream, dev, n_heads, n_kv_heads, head_dim, window):
+def test_prefill_attention_sees_only_its_window(rng, stream, n_heads, n_kv_heads, head_dim, window):
     """150 tokens after 300 cached rows, each query seeing its last `window` rows: its own row alone, windows
     shorter and longer than a block's queries, and one longer than any query's past (every row). The rows
     before the first query's window are NaN, so a kernel that reads one fails."""
@@ -203,16 +237,82 @@ def test_prefill_attention_sees_only_its_window(rng, stream, dev, n_heads, n_kv_
     first_seen = max(0, 300 - window + 1)
     k_cache[:first_seen] = np.nan
     v_cache[:first_seen] = np.nan
-    check_prefill(rng, stream, dev, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window)
+    check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window)
+
+
+# Split over the cache: 2048 cached rows, then a prompt (llama-bench's pp512 at depth 2048, and a shorter one
+# whose few query tiles leave more block slots to fill), GQA as Qwen2.5-0.5B (14/2) and Llama 3.2 1B (32/8) in
+# both head sizes the tensor cores take; no window, and one of 700 rows, shorter than any query's past.
+@pytest.mark.parametrize("window", [0, 700])
+@pytest.mark.parametrize("n_tokens", [128, 512])
+@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), [(14, 2, 64), (32, 8, 64), (14, 2, 128), (32, 8, 128)])
+def test_prefill_attention_split_over_a_long_cache(rng, stream, n_heads, n_kv_heads, head_dim, n_tokens, window):
+    positions = (2048 + np.arange(n_tokens)).astype(np.int32)
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 2048 + n_tokens)
+    if window:
+        k_cache[: 2048 - window + 1] = np.nan
+        v_cache[: 2048 - window + 1] = np.nan
+    check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, window)
+
+
+def test_prefill_attention_far_below_max_rows_leaves_slices_empty(rng, stream):
+    """max_rows N_CTX (the runtime's bound) for queries at 100..227: the launch has a slice per 256 rows of
+    N_CTX, as many as the block slots hold, but each query tile sees 228 rows at most, so every slice past the
+    first is empty and the merge must take nothing from it (its workspace is NaN)."""
+    n_heads, n_kv_heads, head_dim = 14, 2, 64
+    positions = (100 + np.arange(128)).astype(np.int32)
+    if on_tensor_cores(head_dim):
+        assert prefill_splits(len(positions), n_heads, head_dim, N_CTX) > 1
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, 228)
+    check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache, max_rows=N_CTX)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_split_prefill_attention_repeats_to_the_bit(rng, stream, head_dim):
+    """The slices merge in slice order, with no atomics: a rerun into the workspace the first run left behind
+    gives the same bits. 64 queries on 14 heads after 2048 rows: 14 query tiles, split on any GPU."""
+    n_heads, n_kv_heads = 14, 2
+    positions = (2048 + np.arange(64)).astype(np.int32)
+    max_rows = 2048 + 64
+    if on_tensor_cores(head_dim):
+        assert prefill_splits(len(positions), n_heads, head_dim, max_rows) > 1
+    k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, max_rows)
+    got, inputs = check_prefill(rng, stream, positions, n_heads, n_kv_heads, head_dim, k_cache, v_cache)
+    nbytes = kernels.attention_prefill_workspace_bytes(len(positions), n_heads, head_dim, max_rows, multiprocessors())
+    workspace = poisoned((max(nbytes, 16) // 4,), np.float32, stream)
+    for _ in range(2):  # into a NaN workspace, then into what that run left there
+        again = run_prefill(stream, *inputs, len(positions), n_heads, n_kv_heads, head_dim, 0, max_rows, workspace)
+        assert np.array_equal(again, got), "a rerun of the split prefill attention differs"
 
 
 def test_prefill_attention_refuses_misaligned_buffers(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p = buffer.ptr
     with pytest.raises(ValueError, match="16-byte aligned"):
-        kernels.attention_prefill_f32(p + 4, p, p, p, p, 1, 2, 2, 64, 16, 0.125, 0, stream.handle)
+        kernels.attention_prefill_f32(p + 4, p, p, p, p, 1, 2, 2, 64, 16, 16, 0.125, 0, None, 0, stream.handle)
     with pytest.raises(ValueError, match="n_tokens must be positive"):
-        kernels.attention_prefill_f32(p, p, p, p, p, 0, 2, 2, 64, 16, 0.125, 0, stream.handle)
+        kernels.attention_prefill_f32(p, p, p, p, p, 0, 2, 2, 64, 16, 16, 0.125, 0, None, 0, stream.handle)
+    for max_rows in (0, 17):
+        with pytest.raises(ValueError, match="max_rows must be between 1 and n_ctx"):
+            kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 64, 16, max_rows, 0.125, 0, None, 0, stream.handle)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_attention_refuses_a_workspace_too_small_for_its_slices(stream, head_dim):
+    """64 queries on 14 heads with 4096 rows to see: 14 query tiles, fewer than any GPU's block slots, so the
+    launch splits the cache rows and needs its workspace."""
+    if not on_tensor_cores(head_dim):
+        pytest.skip("the float32 kernel does not split the cache rows")
+    n_tokens, n_heads, max_rows = 64, 14, 4096
+    assert prefill_splits(n_tokens, n_heads, head_dim, max_rows) > 1
+    nbytes = kernels.attention_prefill_workspace_bytes(n_tokens, n_heads, head_dim, max_rows, multiprocessors())
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h = buffer.ptr, stream.handle
+    for space, size in ((p, nbytes - 4), (None, nbytes), (p + 8, nbytes)):
+        with pytest.raises(ValueError, match=r"refused .*workspace must hold attention_prefill_workspace_bytes"):
+            kernels.attention_prefill_f32(p, p, p, p, p, n_tokens, n_heads, 2, head_dim, N_CTX, max_rows, 0.125, 0,
+                                          space, size, h)  # fmt: skip
+    mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 
 def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
@@ -233,7 +333,7 @@ def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
     )  # fmt: skip
     kernels.attention_prefill_f32(
         q_dev.ptr, k_dev.ptr, v_dev.ptr, by_prefill.ptr, position_dev.ptr, 1,
-        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, kv_len, 1 / np.sqrt(head_dim), 0, None, 0, stream.handle,
     )  # fmt: skip
     decode = from_device(by_decode, q.shape, np.float32, stream)
     prefill = from_device(by_prefill, q.shape, np.float32, stream)

@@ -177,5 +177,5 @@ def test_rows_must_be_whole_blocks(stream, ggml_type):
     with pytest.raises(ValueError, match=rf"launch_gemv refused .*{rule}"):
         kernels.gemv(p, ggml_type, p, 0, 1e-6, 0, p, n, 4, h)
     with pytest.raises(ValueError, match=rf"launch_gemm refused .*{rule}"):
-        kernels.gemm(p, ggml_type, p, p, n, 4, 16, h)
+        kernels.gemm(p, ggml_type, p, None, None, p, n, 4, 16, None, 0, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending

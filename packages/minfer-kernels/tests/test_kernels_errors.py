@@ -65,7 +65,7 @@ def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
     with pytest.raises(ValueError, match="mode must be"):
         kernels.rope_f32(p, p, 1, 2, 64, 64, p, 1.0, 1, h)
     with pytest.raises(ValueError, match="head_dim must be a multiple of 32"):
-        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, 0.125, 0, h)
+        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, 16, 0.125, 0, p, 0, h)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 0.125, 0, 4, h)
     with pytest.raises(ValueError, match="n_splits"):

@@ -1,4 +1,5 @@
-"""Helpers shared by the runtime's tests: greedy decoding step by step, and a graph that exercises the alias rule."""
+"""Helpers shared by the runtime's tests: the CUDA backend's availability, the reference fixtures, and a graph that
+exercises the alias rule."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import minfer
 from minfer.backends import cuda_unavailable_reason
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
+from minfer.testing.agreement import greedy_steps
 from minfer.testing.synthetic import weights_digest
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,17 +27,6 @@ def needs_cuda() -> None:
         if os.environ.get("MINFER_REQUIRE_GPU") == "1":
             pytest.fail(f"MINFER_REQUIRE_GPU=1 but the CUDA backend cannot run: {reason}")
         pytest.skip(f"needs the CUDA backend: {reason}")
-
-
-def last_logits_and_greedy(engine: minfer.Engine, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
-    """From an empty cache: the prompt's last-position logits, and `n` greedy tokens after it (no early stop)."""
-    engine.reset()
-    program, _ = engine.prefill(prompt)
-    logits = program.read("logits")[0]
-    tokens = [program.argmax("logits")]
-    while len(tokens) < n:
-        tokens.append(engine.forward([tokens[-1]], len(prompt) + len(tokens) - 1).argmax("logits"))
-    return logits, tokens
 
 
 def shared_inplace_input_graph(d: int, vocab: int) -> Graph:
@@ -76,7 +67,8 @@ def check_against_reference(engine: minfer.Engine, name: str, tolerance: float =
     assert len(cases) >= 5
     assert weights_digest(engine.gguf) == meta["weights_sha256"], f"{name}: the model's weights changed"
     for ids, reference_logits, reference_tokens in cases:
-        logits, tokens = last_logits_and_greedy(engine, ids, len(reference_tokens))
+        steps, tokens = greedy_steps(engine, ids, len(reference_tokens))
+        logits = steps[0]
         error = np.abs(logits - reference_logits).max() / np.abs(reference_logits).max()
         assert error < tolerance, f"{name}: prompt of {len(ids)} tokens: relative logit error {error:.2e}"
         assert tokens == reference_tokens, f"{name}: greedy continuation differs for a prompt of {len(ids)} tokens"

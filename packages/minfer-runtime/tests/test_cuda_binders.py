@@ -8,12 +8,17 @@ import re
 
 import pytest
 
-from minfer.graph.ir import Tensor
+from minfer.errors import BackendError
+from minfer.graph.ir import Op, Tensor
 from minfer.models import build_graph
 from minfer.testing.synthetic import scaled
 
 mk = pytest.importorskip("minfer_kernels", reason="minfer-kernels is not installed (it needs nvcc to build)")
-from minfer.backends.cuda.binders import BINDERS  # noqa: E402 (needs minfer_kernels)
+from minfer.backends.cuda.binders import (  # noqa: E402 (needs minfer_kernels)
+    BINDERS,
+    DECODE_ATTENTION_SPLITS,
+    graph_workspace_bytes,
+)
 from minfer.backends.cuda.fuse import FusedOp, fuse  # noqa: E402
 
 
@@ -21,7 +26,8 @@ class FakeBinding:
     """Addresses by tensor name, every weight Q8_0: what a binder reads of a compiled graph."""
 
     stream = 7
-    attention_workspace = 1 << 20
+    workspace = 1 << 20
+    workspace_bytes = 1 << 24
 
     def __init__(self) -> None:
         self.addresses: dict[str, int] = {}
@@ -58,3 +64,47 @@ def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
     assert ("gemv_qkv_rope_store" in kernels) == (decode and not config.fused_qkv)
     assert ("head_norm_rope_f32" in kernels) == (decode and config.qk_norm)
     assert ("gemv_geglu" in kernels) == (decode and config.activation == "gelu")
+
+
+def test_a_graphs_workspace_is_the_most_any_of_its_launches_needs():
+    """Qwen2.5-0.5B on an H200's 132 SMs, n_ctx 1024: a 512-token prompt's attention in 3 slices of the cache rows
+    ([512][14] states of 64 + 2 floats each) needs more than its split ffn_down and attn_output (2 slices of
+    [512][896] floats); a 128-token one's ffn_down (8 slices of [128][896]) more than its attention (4 slices,
+    one per 256 rows of n_ctx); decode attention's alone."""
+    config = scaled("qwen2.5-0.5b", n_layers=2).config()
+    heads, head_dim = config.n_heads, config.head_dim
+    for n_tokens, gemm_splits, attention_splits in ((512, 2, 3), (128, 8, 4)):
+        graph = fuse(build_graph(config, n_tokens, 1024), lambda name: int(mk.GGMLType.Q8_0))
+        gemm = gemm_splits * n_tokens * config.d_model * 4
+        attention = attention_splits * n_tokens * heads * (head_dim + 2) * 4
+        assert mk.kernels.attention_prefill_workspace_bytes(n_tokens, heads, head_dim, 1024, 132) == attention
+        assert graph_workspace_bytes(graph.nodes, 132) == max(gemm, attention)
+    decode = fuse(build_graph(config, 1, 1024), lambda name: int(mk.GGMLType.Q8_0))
+    needs = mk.kernels.attention_decode_workspace_bytes(heads, head_dim, DECODE_ATTENTION_SPLITS)
+    assert graph_workspace_bytes(decode.nodes, 132) == needs
+
+
+def test_a_prompts_attention_splits_on_the_caches_rows_into_the_graphs_workspace():
+    """The prompt's attention launch: max_rows is the cache's n_ctx (the graph runs at any depth), and the
+    workspace is the graph's, which graph_workspace_bytes sized for it."""
+    config = scaled("qwen2.5-0.5b", n_layers=2).config()
+    graph = fuse(build_graph(config, 64, 2048), lambda name: int(mk.GGMLType.Q8_0))
+    binding = FakeBinding()
+    node = next(node for node in graph.nodes if node.op is Op.ATTENTION)
+    (launch,) = BINDERS[node.op](binding, node)
+    assert launch.kernel is mk.kernels.attention_prefill_f32
+    assert launch.args["max_rows"] == 2048
+    assert (launch.args["workspace"], launch.args["workspace_bytes"]) == (binding.workspace, binding.workspace_bytes)
+    # 14 query tiles: 8 slices (one per 256 rows of 2048) of [64][14] states.
+    assert graph_workspace_bytes(graph.nodes, 132) >= 8 * 64 * config.n_heads * (config.head_dim + 2) * 4
+
+
+def test_a_graph_with_decode_attention_and_split_partials_is_refused():
+    """Decode attention's counters must stay zeroed: a node that writes partials into the same workspace is
+    refused with its name (no model builds such a graph; this one is spliced)."""
+    config = scaled("qwen2.5-0.5b", n_layers=2).config()
+    decode = fuse(build_graph(config, 1, 1024), lambda name: int(mk.GGMLType.Q8_0))
+    prompt = fuse(build_graph(config, 64, 1024), lambda name: int(mk.GGMLType.Q8_0))
+    attention = next(node for node in prompt.nodes if node.op is Op.ATTENTION)
+    with pytest.raises(BackendError, match=rf"cuda: {attention.name}: .*decode attention"):
+        graph_workspace_bytes([*decode.nodes, attention], 132)

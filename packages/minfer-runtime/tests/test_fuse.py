@@ -52,19 +52,70 @@ def test_a_decode_layer_is_five_kernels(preset):
     assert {t.name for t in graph.weights()} == {t.name for t in build_graph(config, 1, 64).weights()}
 
 
-def test_a_prompt_runs_q_k_v_and_gate_up_as_gemm_groups_and_swiglu_as_one_kernel():
+QKV_BIASED = "attn_q+attn_k+attn_v+attn_q_bias+attn_k_bias+attn_v_bias"
+
+
+def test_a_prompt_runs_q_k_v_as_a_gemm_group_and_gate_up_with_its_swiglu_as_one_gemm():
     config = PRESETS["qwen2.5-0.5b"].config()
     graph = fuse(build_graph(config, 64, 256), one_type)
     groups = [node for node in graph.nodes if node.op is FusedOp.GEMM_GROUP]
-    assert [node.name for node in groups[:2]] == ["blk.0.attn_q+attn_k+attn_v", "blk.0.ffn_gate+ffn_up"]
-    assert len(groups) == 2 * config.n_layers
-    assert [t.name for t in groups[0].outputs] == ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v"]
+    assert [node.name for node in groups[:1]] == [f"blk.0.{QKV_BIASED}"]
+    assert len(groups) == config.n_layers
+    assert [t.name for t in groups[0].outputs] == ["blk.0.attn_q_bias", "blk.0.attn_k_bias", "blk.0.attn_v_bias"]
+    swiglus = [node for node in graph.nodes if node.op is FusedOp.GEMM_SWIGLU]
+    assert len(swiglus) == config.n_layers
+    assert swiglus[0].name == "blk.0.ffn_gate+ffn_up+ffn_silu+ffn_gated"
+    assert swiglus[0].params["args"] == ("x", "gate", "up") and swiglus[0].output.name == "blk.0.ffn_gated"
+    assert [t.name for t in swiglus[0].inputs] == ["blk.0.ffn_norm", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]
     ops = [node.op for node in graph.nodes]
-    assert ops.count(FusedOp.SWIGLU_F32) == config.n_layers
-    assert not {Op.SILU, Op.MUL, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
-    # A weight of another type ends a run (the Q4_K_M mix's attn_v).
+    assert not {Op.SILU, Op.MUL, FusedOp.SWIGLU_F32, FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.GEMV_SWIGLU} & set(ops)
+    # A weight of another type ends a run (the Q4_K_M mix's attn_v), which keeps its own bias.
     mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("attn_v.weight") else 8)
-    assert next(n for n in mixed.nodes if n.op is FusedOp.GEMM_GROUP).name == "blk.0.attn_q+attn_k"
+    group = next(n for n in mixed.nodes if n.op is FusedOp.GEMM_GROUP)
+    assert group.name == "blk.0.attn_q+attn_k+attn_q_bias+attn_k_bias"
+    attn_v = next(n for n in mixed.nodes if n.name.startswith("blk.0.attn_v"))
+    assert attn_v.op is FusedOp.GEMM and attn_v.params["args"] == ("x", "weight", "bias")
+
+
+def test_a_prompts_bias_and_residual_adds_are_its_gemms_epilogues():
+    """Qwen2's q, k and v biases join their group, attn_output and ffn_down take the residual add after them (in
+    place into the residual): no add_bias and no add is left of a prompt's layer."""
+    config = PRESETS["qwen2.5-0.5b"].config()
+    graph = fuse(build_graph(config, 64, 256), one_type)
+    ops = [node.op for node in graph.nodes]
+    assert Op.ADD_BIAS not in ops and Op.ADD not in ops
+    group = next(n for n in graph.nodes if n.op is FusedOp.GEMM_GROUP)
+    assert group.params["args"] == ("x", "weight_0", "weight_1", "weight_2", "bias_0", "bias_1", "bias_2")
+    assert [t.name for t in group.inputs[4:]] == [f"blk.0.attn_{p}.bias" for p in "qkv"]
+    gemms = [node for node in graph.nodes if node.op is FusedOp.GEMM]
+    assert [n.name for n in gemms[:2]] == ["blk.0.attn_output+attn_residual", "blk.0.ffn_down+ffn_residual"]
+    assert len(gemms) == 2 * config.n_layers
+    attn_output = gemms[0]
+    assert attn_output.params["args"] == ("x", "weight", "residual") and attn_output.inplace_input == 2
+    assert attn_output.output.name == "blk.0.attn_residual"
+
+
+def test_adds_the_gemm_cannot_make_stay_separate():
+    """A bias that is not as long as the product's rows stays an add_bias, and so do the other parts' (the group's
+    node would come after that add_bias, which reads its q); fewer than GEMM_MIN_TOKENS tokens (the matmul
+    kernel, no epilogue) and one token (gemv) fold nothing into a GEMM; Gemma 3's residual adds read the
+    post-block norm, not the product."""
+    config = PRESETS["qwen2.5-0.5b"].config()
+    graph = build_graph(config, 64, 256)
+    nodes = {node.name: node for node in graph.nodes}
+    q, bias = nodes["blk.0.attn_q_bias"].inputs
+    short = Tensor(f"{bias.name}.short", (bias.shape[0] // 2,), "float32", TensorKind.WEIGHT)
+    nodes["blk.0.attn_q_bias"] = dataclasses.replace(nodes["blk.0.attn_q_bias"], inputs=[q, short])
+    short_bias = fuse(dataclasses.replace(graph, nodes=list(nodes.values())), one_type)
+    biases = [n.name for n in short_bias.nodes if n.op is Op.ADD_BIAS]
+    assert biases == [f"blk.0.attn_{p}_bias" for p in "qkv"]
+    groups = [n for n in short_bias.nodes if n.op is FusedOp.GEMM_GROUP]
+    assert [n.name for n in groups[:2]] == ["blk.0.attn_q+attn_k+attn_v", f"blk.1.{QKV_BIASED}"]
+    for n_tokens in (1, 8):
+        assert FusedOp.GEMM not in {node.op for node in fuse(build_graph(config, n_tokens, 256), one_type).nodes}
+    gemma = lowered("tiny-gemma3", 20)
+    assert FusedOp.GEMM not in {node.op for node in gemma.nodes}
+    assert [node.op for node in gemma.nodes].count(FusedOp.RMS_NORM_ADD_F32) == 2 * PRESETS["tiny-gemma3"].n_layers
 
 
 def test_few_tokens_take_the_matmul_kernel_and_no_group():
@@ -130,6 +181,18 @@ def test_a_post_block_norm_is_added_into_the_residual_in_one_kernel():
         assert norm_add.params["args"] == ("x", "weight", "y") and norm_add.inplace_input == 2
         assert [t.name for t in norm_add.inputs[:2]] == ["blk.0.attn_output", "blk.0.post_attention_norm.weight"]
         assert norm_add.output.name == "blk.0.attn_residual"
+
+
+def test_a_swiglu_without_a_gate_up_group_stays_swiglu_f32():
+    """Gate and up of two types (no group), Phi's fused gate|up weight (one product, sliced) and fewer tokens
+    than the GEMM takes keep swiglu_f32; Gemma 3's GELU gate is no SwiGLU."""
+    config = PRESETS["qwen2.5-0.5b"].config()
+    mixed = fuse(build_graph(config, 64, 256), lambda name: 12 if name.endswith("ffn_up.weight") else 8)
+    phi = fuse(build_graph(PRESETS["phi4-mini-small"].config(), 64, 256), one_type)
+    for graph in (mixed, phi, lowered("qwen2.5-0.5b", 8)):
+        ops = [node.op for node in graph.nodes]
+        assert FusedOp.GEMM_SWIGLU not in ops and FusedOp.SWIGLU_F32 in ops
+    assert FusedOp.GEMM_SWIGLU not in {node.op for node in lowered("tiny-gemma3", 20).nodes}
 
 
 def changed_layer_0(graph: Graph, change: str) -> Graph:
@@ -224,10 +287,24 @@ class FusedCpuGraph(CpuCompiledGraph):
         rms_norm(x, weight, node.params["eps"], normed)
         out += normed  # out holds y: aliased or staged
 
+    def gemm(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        product = parts["x"] @ parts["weight"].T + parts.get("bias", 0)
+        if "residual" in parts:
+            out += product  # out holds the residual: aliased or staged
+        else:
+            out[...] = product
+
+    def gemm_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        out[...] = parts["x"] @ parts["gate"].T
+        OPS[Op.SILU](self, node, [out], out)
+        out *= parts["x"] @ parts["up"].T
+
     def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
-        x, *weights = ins
-        for weight, output in zip(weights, node.outputs, strict=True):
-            self.array(output)[...] = x @ weight.T
+        parts = dict(zip(node.params["args"], ins, strict=True))
+        for part, output in enumerate(node.outputs):
+            self.array(output)[...] = parts["x"] @ parts[f"weight_{part}"].T + parts.get(f"bias_{part}", 0)
 
 
 FUSED_OPS = {op: getattr(FusedCpuGraph, op.value) for op in FusedOp}
@@ -256,6 +333,7 @@ def fused_ops(monkeypatch):
 @pytest.mark.parametrize(
     ("preset", "weight_type", "n_tokens"),
     [("tiny-llama", "Q8_0", 1), ("tiny-qwen2", "Q4_0", 1), ("tiny-qwen2", "Q4_K_M", 1), ("tiny-llama", "F16", 20),
+     ("tiny-qwen2", "Q8_0", 20),
      ("tiny-qwen3", "Q8_0", 1), ("tiny-qwen3", "Q4_K_M", 1), ("tiny-gemma3", "Q4_0", 1)],
 )  # fmt: skip
 def test_the_lowered_graph_computes_what_the_models_graph_does(synthetic_model, fused_ops, preset, weight_type,

@@ -25,6 +25,7 @@
 // stays valid while the sequence grows, the host only rewrites those integers. A position or length
 // outside the cache would read or write another buffer's memory, so the kernels __trap() instead: a
 // sticky error that the host's next sync() reports as latched.
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -53,6 +54,18 @@ constexpr int MMA_PREFILL_WARPS = 4;
 constexpr int MMA_PREFILL_THREADS = MMA_PREFILL_WARPS * WARP_SIZE;
 constexpr int MMA_WARP_QUERIES = 16;  // one warp's queries: the 16 rows of its m16 fragments
 constexpr int MMA_PREFILL_QUERIES = MMA_PREFILL_WARPS * MMA_WARP_QUERIES;  // 64 queries per block
+// A prefill split over the cache (prefill_splits): slices of whole 64-row steps, at least MIN_SPLIT_ROWS rows,
+// at most MAX_PREFILL_SPLITS of them. A slice's block pays a pipeline fill (its first tile's loads, with no
+// products to hide them, and q's) and a store of its 64 queries' partial state, head_dim + 2 floats per query,
+// which the merge reads back: for 256 rows of head 64 that is 128 KB of float32 K and V read against 16.9 KB of
+// state written and read again, and a fill of one tile in four; shorter slices would pay more of both than
+// their extra blocks gain. At most 16: one query tile per head (a chat turn of up to 64 tokens) on 14 heads
+// after 4096 cached rows then makes 224 blocks of 256 rows, and the merge's serial loop over the slices of an
+// output stays short. (The slots / tiles rule keeps a split launch's workspace within 64 queries x (head_dim
+// + 2) floats per block slot, whatever the cap: 6.7 MB on an H200 at head 64.)
+constexpr int SPLIT_ALIGN_ROWS = 64;
+constexpr int MIN_SPLIT_ROWS = 256;
+constexpr int MAX_PREFILL_SPLITS = 16;
 constexpr float LOG2_E = 1.4426950408889634f;
 
 // K and V rows are written at their positions; rows other tokens wrote earlier stay as they are.
@@ -518,10 +531,78 @@ cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_
     return cudaGetLastError();
 }
 
+// The tensor-core prefill's K/V tiles, per head size. A tile holds 4096 values of K (and of V): 64 rows of
+// head size 64, 32 of 128, so either way a thread carries 8 float4 of K, then 8 of V (32 registers each), from
+// its global loads to its f16 stores: the registers the pipeline keeps in flight across a tile's products.
+// Shared memory, two buffers of a K and a V tile: 4 x 64 x 72 x 2 = 36,864 bytes (head 64) and
+// 4 x 32 x 136 x 2 = 34,816 bytes (head 128), under the 48 KB a block gets without opting in. 64-row tiles of
+// head 128 would need 69,632 bytes (dynamic shared memory, opted in per kernel) and 64 registers of loads in
+// flight besides its 64 accumulators, 32 of q and 32 of scores: half the rows per tile costs twice the
+// barriers and rescales per row, but keeps two blocks per SM.
+//
+// Blocks per SM: __launch_bounds__ holds the registers per thread to what MIN_BLOCKS_PER_SM blocks of 128
+// threads leave: 65536 / (3 x 128) = 170, so 168, for head 64 (32 accumulators, 16 registers of q, 32 of
+// scores, 32 of loads in flight; ptxas spills a few loop-invariant values to L1 there, rather than drop to two
+// blocks), and 255 for two blocks of head 128 (64 accumulators, 32 of q, 16 of scores, 32 of loads; 248
+// used). Shared memory holds that many on sm_80 (164 KB per SM) and sm_90 (228 KB): 3 x 36.9 KB, 2 x 34.8 KB;
+// sm_86 and sm_89 (100 KB) hold two blocks of head 64, so prefill_splits' one wave becomes a full wave and a
+// shorter second one there.
+template <int HEAD_DIM>
+struct PrefillTile {
+    static constexpr int ROWS = 4096 / HEAD_DIM;
+    static constexpr int STRIDE = HEAD_DIM + 8;  // f16 per shared-memory row: padding keeps ldmatrix free of
+                                                 // bank conflicts, rows stay 16-byte aligned
+    static constexpr int ROW_VECTORS = HEAD_DIM / 4;                               // float4 of one cache row
+    static constexpr int LOAD_VECTORS = ROWS * ROW_VECTORS / MMA_PREFILL_THREADS;  // of K (and V) per thread
+    static constexpr int PASS_ROWS = MMA_PREFILL_THREADS / ROW_VECTORS;  // rows the block's threads load at once
+    static constexpr int MIN_BLOCKS_PER_SM = HEAD_DIM == 64 ? 3 : 2;
+    static_assert(LOAD_VECTORS * MMA_PREFILL_THREADS == ROWS * ROW_VECTORS, "a tile splits evenly over the threads");
+    static_assert(PASS_ROWS * ROW_VECTORS == MMA_PREFILL_THREADS, "a pass of the threads loads whole rows");
+    static_assert(STRIDE * sizeof(__half) % 16 == 0, "16-byte aligned shared-memory rows, as ldmatrix reads them");
+    static_assert(SPLIT_ALIGN_ROWS % ROWS == 0, "a slice of the cache rows is whole tiles");
+};
+
+// One thread's share of a tile's K or V, from its global loads to its f16 stores.
+template <int HEAD_DIM>
+struct PrefillLoads {
+    float4 vectors[PrefillTile<HEAD_DIM>::LOAD_VECTORS];
+};
+
+// float4 i of a tile is row i / ROW_VECTORS, values 4 (i % ROW_VECTORS) .. + 3: consecutive threads read
+// consecutive 16 bytes of a row (coalesced) and store consecutive 8 bytes of f16, and a thread's float4 are
+// PASS_ROWS rows apart in one column. Rows from `end` on are zeros, not read. `head` points at the KV head's
+// first value of cache row 0.
+template <int HEAD_DIM>
+__device__ __forceinline__ void load_prefill_tile(PrefillLoads<HEAD_DIM>& loads, const float* head, int first_row,
+                                                  int end, int kv_dim) {
+    using Tile = PrefillTile<HEAD_DIM>;
+    const int row = first_row + threadIdx.x / Tile::ROW_VECTORS;
+    const float* from = head + std::size_t(row) * kv_dim + 4 * (threadIdx.x % Tile::ROW_VECTORS);
+    const std::size_t pass = std::size_t(Tile::PASS_ROWS) * kv_dim;
+#pragma unroll
+    for (int n = 0; n < Tile::LOAD_VECTORS; ++n)
+        loads.vectors[n] = row + n * Tile::PASS_ROWS < end ? *reinterpret_cast<const float4*>(from + n * pass)
+                                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+template <int HEAD_DIM>
+__device__ __forceinline__ void store_prefill_tile(const PrefillLoads<HEAD_DIM>& loads, __half* tile) {
+    using Tile = PrefillTile<HEAD_DIM>;
+    __half* to = tile + (threadIdx.x / Tile::ROW_VECTORS) * Tile::STRIDE + 4 * (threadIdx.x % Tile::ROW_VECTORS);
+#pragma unroll
+    for (int n = 0; n < Tile::LOAD_VECTORS; ++n) {
+        const float4 value = loads.vectors[n];
+        *reinterpret_cast<uint2*>(to + n * Tile::PASS_ROWS * Tile::STRIDE) =
+            make_uint2(half2_to_bits(__floats2half2_rn(value.x, value.y)),
+                       half2_to_bits(__floats2half2_rn(value.z, value.w)));
+    }
+}
+
 // Prefill on the tensor cores, in FlashAttention-2's schedule: a block takes 64 consecutive queries of one
-// head, 16 per warp, and walks the cache rows they see in tiles of 64. The block converts a tile's K and V
-// rows from float32 to f16 into shared memory; then each warp, on its own,
-//   1. computes its 16 x 64 scores S = Q K^T with mma.m16n8k16: Q (16 x head_dim, multiplied by
+// head, 16 per warp, and walks the cache rows they see in tiles (PrefillTile: 64 rows of head size 64, 32 of
+// 128). The block converts a tile's K and V rows from float32 to f16 into shared memory; then each warp, on
+// its own,
+//   1. computes its 16 x ROWS scores S = Q K^T with mma.m16n8k16: Q (16 x head_dim, multiplied by
 //      scale * log2(e) and rounded to f16 once) is the A operand, held in registers for the whole walk; K's
 //      rows are B's columns (as W's rows are in gemm.cu's x W^T), read with ldmatrix;
 //   2. masks each score by its own query's position and window (-inf), and updates each query's running
@@ -541,34 +622,53 @@ cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_
 // products are exact and summed in float32; the weights exp2f(s - max) <= 1 are summed in float32 for the
 // denominator and rounded to f16 for P V.
 //
-// The block walks the rows from the first one its earliest query's window shows (0 without a window) to
-// its largest position; rows past that are stored as zeros, not read. A warp skips the products of a tile
-// none of its queries sees (one before all their windows, or a last one past all their positions), but
-// helps load it: the barriers are the block's.
+// The rows a block's queries see run from the first one its earliest query's window shows (0 without a
+// window) to its largest position. Split over the cache (grid.z > 1, prefill_splits), the block takes one
+// slice of them (split-KV, flash-decoding's cut applied to a prompt): slices of rows_per_split rows from
+// that first row, rows_per_split the block's rows / gridDim.z rounded up to SPLIT_ALIGN_ROWS and at least
+// MIN_SPLIT_ROWS. The slice size comes from the positions the block reads, not from the host's max_rows, so
+// the split is right for whatever positions are there: the early query tiles of a causal prompt, or a prompt
+// far below max_rows, see fewer rows and leave their last slices empty (such a block writes its queries'
+// statistics as "nothing seen" and returns). A slice's rows are whole tiles but for the last slice's last
+// tile, whose rows past the block's last position are stored as zeros, not read. Each slice block then keeps
+// its queries' unnormalised state (running maximum and denominator in log2 units, the head_dim accumulator)
+// in the workspace, and attention_prefill_merge combines the slices in slice order; with one slice the block
+// writes `out` itself.
+//
+// The pipeline, one barrier per tile (gemm.cu's, with one register stage): while the warps work on tile t
+// (shared buffer t % 2), the next tile's float32 rows are in flight in registers (PrefillLoads), then
+// converted to f16 and stored into the other buffer, which was last read in tile t - 1, before the barrier
+// that ended it. K's loads go out before the products S = Q K^T and are stored after them; V's go out in
+// their registers' place and are stored after the softmax and P V: each half of the tile's loads has a half
+// of its math to arrive in, with 32 registers of loads in flight rather than 64 (see PrefillTile). The first
+// tile's loads overlap staging q. A warp skips the products of a tile none of its queries sees (one before all
+// their windows, or a last one past all their positions), but loads and stores its share of every tile: the
+// barriers are the block's.
 template <int HEAD_DIM>
-__global__ void __launch_bounds__(MMA_PREFILL_THREADS)
+__global__ void __launch_bounds__(MMA_PREFILL_THREADS, PrefillTile<HEAD_DIM>::MIN_BLOCKS_PER_SM)
     attention_prefill_tensor_cores(const float* __restrict__ q, const float* __restrict__ k_cache,
                                    const float* __restrict__ v_cache, float* __restrict__ out,
+                                   float* __restrict__ partial_acc, float2* __restrict__ partial_stats,
                                    const int* __restrict__ positions, int n_tokens, int n_heads, int group_size,
                                    int kv_dim, int n_ctx, float score_scale, int window) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int TILE_ROWS = 64;                // cache rows per K/V tile in shared memory
-    constexpr int TILE_PAD = 8;                  // f16 padding per row: keeps ldmatrix free of bank conflicts
-    constexpr int STRIDE = HEAD_DIM + TILE_PAD;  // f16 per shared-memory row: 16-byte aligned rows
+    using Tile = PrefillTile<HEAD_DIM>;
+    constexpr int TILE_ROWS = Tile::ROWS;
+    constexpr int STRIDE = Tile::STRIDE;
     constexpr int DIM_STEPS = HEAD_DIM / 16;     // k16 steps of Q K^T over the head
-    constexpr int ROW_BLOCKS = TILE_ROWS / 8;    // 8-column blocks of a warp's scores (16 x 64)
+    constexpr int ROW_BLOCKS = TILE_ROWS / 8;    // 8-column blocks of a warp's scores (16 x TILE_ROWS)
     constexpr int ROW_STEPS = TILE_ROWS / 16;    // k16 steps of P V over the tile's rows
     constexpr int DIM_BLOCKS = HEAD_DIM / 8;     // 8-column blocks of a warp's output (16 x head_dim)
-    constexpr int ROW_VECTORS = HEAD_DIM / 4;    // float4 of one cache row
-    constexpr int LOAD_VECTORS = TILE_ROWS * ROW_VECTORS / MMA_PREFILL_THREADS;  // of K (and V) per thread
     static_assert(HEAD_DIM % 16 == 0, "whole k16 steps, and 8-column output blocks in pairs");
-    static_assert(TILE_ROWS * ROW_VECTORS % MMA_PREFILL_THREADS == 0, "a tile splits evenly over the threads");
-    __shared__ __align__(16) __half k_tile[TILE_ROWS * STRIDE];
-    __shared__ __align__(16) __half v_tile[TILE_ROWS * STRIDE];
+    static_assert(ROW_BLOCKS % 2 == 0, "score blocks in pairs: one ldmatrix brings two");
+    __shared__ __align__(16) __half k_tiles[2][TILE_ROWS * STRIDE];
+    __shared__ __align__(16) __half v_tiles[2][TILE_ROWS * STRIDE];
     __shared__ int block_end, block_first_row;
 
     const int head = blockIdx.x;
     const int query_tile = gridDim.y - 1 - blockIdx.y;  // the last queries, which see the most rows, start first
+    const int split = blockIdx.z;
+    const int n_splits = gridDim.z;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     const int group = lane / 4;       // this lane's rows of every fragment: group and group + 8
@@ -578,7 +678,6 @@ __global__ void __launch_bounds__(MMA_PREFILL_THREADS)
     // Half h of the lane's fragments (h = 0: row group, h = 1: row group + 8) is query warp_token + group + 8 h.
     int position[2], first_visible[2];
     bool active[2];
-    std::size_t row_offset[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int token = warp_token + group + 8 * h;
@@ -586,8 +685,10 @@ __global__ void __launch_bounds__(MMA_PREFILL_THREADS)
         position[h] = active[h] ? positions[token] : -1;
         if (active[h] && (position[h] < 0 || position[h] >= n_ctx)) __trap();
         first_visible[h] = !active[h] ? n_ctx : (window > 0 ? max(0, position[h] - window + 1) : 0);
-        row_offset[h] = (std::size_t(active[h] ? token : 0) * n_heads + head) * HEAD_DIM;
     }
+    // Query h's row of q and out, and of this slice's partial state ([split][token][head]).
+    const auto query_row = [&](int h) { return std::size_t(warp_token + group + 8 * h) * n_heads + head; };
+    const auto partial_row = [&](int h) { return std::size_t(split) * n_tokens * n_heads + query_row(h); };
     if (threadIdx.x == 0) {
         block_end = 0;
         block_first_row = n_ctx;
@@ -605,8 +706,29 @@ __global__ void __launch_bounds__(MMA_PREFILL_THREADS)
     const int warp_end = __reduce_max_sync(FULL_WARP, max(position[0], position[1]) + 1);
     const int warp_first_row = __reduce_min_sync(FULL_WARP, min(first_visible[0], first_visible[1]));
     __syncthreads();
-    const int rows_end = block_end;
+    // This block's slice of the rows its queries see (the same for every thread: the returns below are the
+    // whole block's). A block holds at least one query, so it sees at least one row.
     const int rows_start = block_first_row;
+    const int rows_per_split = max(
+        MIN_SPLIT_ROWS, ceil_div(ceil_div(block_end - rows_start, n_splits), SPLIT_ALIGN_ROWS) * SPLIT_ALIGN_ROWS);
+    const int start = rows_start + split * rows_per_split;
+    const int end = min(block_end, start + rows_per_split);
+    if (start >= end) {  // an empty slice: its queries saw nothing here, which the merge reads as weight 0
+        if (lane % 4 == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (active[h]) partial_stats[partial_row(h)] = make_float2(-INFINITY, 0.0f);
+        }
+        return;
+    }
+
+    // The first tile's loads are in flight while q is staged.
+    const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
+    const float* k_head = k_cache + kv_offset;
+    const float* v_head = v_cache + kv_offset;
+    PrefillLoads<HEAD_DIM> next_k, next_v;
+    load_prefill_tile(next_k, k_head, start, end, kv_dim);
+    load_prefill_tile(next_v, v_head, start, end, kv_dim);
 
     // Q as A fragments, one per k16 step: a[0], a[2] of row group, a[1], a[3] of row group + 8; a[2], a[3]
     // at the step's columns 8 .. 15 (mma.cuh).
@@ -617,141 +739,226 @@ __global__ void __launch_bounds__(MMA_PREFILL_THREADS)
         for (int r = 0; r < 4; ++r) {
             const int h = r % 2;
             const int column = 16 * step + 8 * (r / 2) + pair;
-            const float2 value = active[h] ? *reinterpret_cast<const float2*>(q + row_offset[h] + column)
+            const float2 value = active[h] ? *reinterpret_cast<const float2*>(q + query_row(h) * HEAD_DIM + column)
                                            : make_float2(0.0f, 0.0f);
             q_frags[step][r] = half2_to_bits(__floats2half2_rn(value.x * score_scale, value.y * score_scale));
         }
+    store_prefill_tile(next_k, k_tiles[0]);
+    store_prefill_tile(next_v, v_tiles[0]);
+    __syncthreads();
 
     float acc[DIM_BLOCKS][4] = {};
     float running_max[2] = {-INFINITY, -INFINITY};
     float denominator[2] = {0.0f, 0.0f};  // this lane's share of each row's sum
-    const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
-    for (int first_row = rows_start; first_row < rows_end; first_row += TILE_ROWS) {
-        __syncthreads();  // every warp is done with the previous tile
-        // float4 i of a tile is row i / ROW_VECTORS, values 4 (i % ROW_VECTORS) .. + 3: consecutive threads read
-        // consecutive 16 bytes of a row (coalesced) and store consecutive 8 bytes of f16.
-#pragma unroll
-        for (int n = 0; n < LOAD_VECTORS; ++n) {
-            const int i = threadIdx.x + n * MMA_PREFILL_THREADS;
-            const int row = i / ROW_VECTORS;
-            const int column = 4 * (i % ROW_VECTORS);
-            const bool inside = first_row + row < rows_end;
-            const std::size_t from = std::size_t(first_row + row) * kv_dim + kv_offset + column;
-            const float4 zeros = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float4 k = inside ? *reinterpret_cast<const float4*>(k_cache + from) : zeros;
-            const float4 v = inside ? *reinterpret_cast<const float4*>(v_cache + from) : zeros;
-            *reinterpret_cast<uint2*>(k_tile + row * STRIDE + column) =
-                make_uint2(half2_to_bits(__floats2half2_rn(k.x, k.y)), half2_to_bits(__floats2half2_rn(k.z, k.w)));
-            *reinterpret_cast<uint2*>(v_tile + row * STRIDE + column) =
-                make_uint2(half2_to_bits(__floats2half2_rn(v.x, v.y)), half2_to_bits(__floats2half2_rn(v.z, v.w)));
-        }
-        __syncthreads();
-        if (first_row >= warp_end || first_row + TILE_ROWS <= warp_first_row) continue;  // the same for the warp
+    const int n_tiles = ceil_div(end - start, TILE_ROWS);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int first_row = start + tile * TILE_ROWS;
+        const __half* k_tile = k_tiles[tile % 2];
+        const __half* v_tile = v_tiles[tile % 2];
+        const bool more = tile + 1 < n_tiles;
+        if (more) load_prefill_tile(next_k, k_head, first_row + TILE_ROWS, end, kv_dim);
 
-        // S = Q K^T. Each ldmatrix brings the B fragments of two 8-row blocks j, j + 1 of the tile: matrices
-        // (rows of j, dims 0-7 of the step) = b[0] of j, (rows of j, dims 8-15) = b[1] of j, then those of j + 1.
+        const bool sees = first_row < warp_end && first_row + TILE_ROWS > warp_first_row;  // the whole warp's
         float scores[ROW_BLOCKS][4] = {};
+        if (sees) {
+            // S = Q K^T. Each ldmatrix brings the B fragments of two 8-row blocks j, j + 1 of the tile: matrices
+            // (rows of j, dims 0-7 of the step) = b[0] of j, (rows of j, dims 8-15) = b[1] of j, then those of
+            // j + 1.
 #pragma unroll
-        for (int step = 0; step < DIM_STEPS; ++step)
+            for (int step = 0; step < DIM_STEPS; ++step)
 #pragma unroll
-            for (int j = 0; j < ROW_BLOCKS; j += 2) {
-                std::uint32_t k_frags[4];
-                const int row = 8 * j + lane % 8 + (lane / 16) * 8;
-                load_matrix_x4(k_frags, k_tile + row * STRIDE + 16 * step + ((lane / 8) % 2) * 8);
-                const std::uint32_t left[2] = {k_frags[0], k_frags[1]};
-                const std::uint32_t right[2] = {k_frags[2], k_frags[3]};
-                mma_16x8x16(scores[j], q_frags[step], left);
-                mma_16x8x16(scores[j + 1], q_frags[step], right);
+                for (int j = 0; j < ROW_BLOCKS; j += 2) {
+                    std::uint32_t k_frags[4];
+                    const int row = 8 * j + lane % 8 + (lane / 16) * 8;
+                    load_matrix_x4(k_frags, k_tile + row * STRIDE + 16 * step + ((lane / 8) % 2) * 8);
+                    const std::uint32_t left[2] = {k_frags[0], k_frags[1]};
+                    const std::uint32_t right[2] = {k_frags[2], k_frags[3]};
+                    mma_16x8x16(scores[j], q_frags[step], left);
+                    mma_16x8x16(scores[j + 1], q_frags[step], right);
+                }
+        }
+        // The next K tile goes to shared memory once this one's products are done, and its V loads go out in
+        // its registers' place: they arrive during the softmax and P V.
+        if (more) {
+            store_prefill_tile(next_k, k_tiles[(tile + 1) % 2]);
+            load_prefill_tile(next_v, v_head, first_row + TILE_ROWS, end, kv_dim);
+        }
+        if (sees) {
+            // The mask, then the online softmax: c[0], c[1] of a block are row group's, c[2], c[3] row group + 8's.
+            float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < ROW_BLOCKS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e / 2;
+                    const int row = first_row + 8 * j + pair + e % 2;
+                    if (row < first_visible[h] || row > position[h]) scores[j][e] = -INFINITY;
+                    tile_max[h] = fmaxf(tile_max[h], scores[j][e]);
+                }
+            float base[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP, tile_max[h], 1));
+                tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP, tile_max[h], 2));
+                const float new_max = fmaxf(running_max[h], tile_max[h]);
+                // A query that sees no row yet (before its window, or past n_tokens) subtracts 0 rather than
+                // -inf: its weights are exp2f(-inf) = 0, not NaN.
+                base[h] = new_max == -INFINITY ? 0.0f : new_max;
+                const float rescale = exp2f(running_max[h] - base[h]);  // 0 the first time (running_max = -inf)
+                running_max[h] = new_max;
+                denominator[h] *= rescale;
+#pragma unroll
+                for (int d = 0; d < DIM_BLOCKS; ++d) {
+                    acc[d][2 * h] *= rescale;
+                    acc[d][2 * h + 1] *= rescale;
+                }
             }
 
-        // The mask, then the online softmax: c[0], c[1] of a block are row group's, c[2], c[3] row group + 8's.
-        float tile_max[2] = {-INFINITY, -INFINITY};
+            // O += P V, k16 step s over the tile's rows 16 s .. 16 s + 15: P's A fragment is score blocks 2 s
+            // (a[0] its row group, a[1] its row group + 8) and 2 s + 1 (a[2], a[3]). Each ldmatrix.trans brings
+            // the B fragments of two 8-dim blocks d, d + 1 of V: matrices (rows 0-7 of the step, dims of d) =
+            // b[0] of d, (rows 8-15, dims of d) = b[1] of d, then those of d + 1.
 #pragma unroll
-        for (int j = 0; j < ROW_BLOCKS; ++j)
+            for (int s = 0; s < ROW_STEPS; ++s) {
+                std::uint32_t p[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e / 2;
-                const int row = first_row + 8 * j + pair + e % 2;
-                if (row < first_visible[h] || row > position[h]) scores[j][e] = -INFINITY;
-                tile_max[h] = fmaxf(tile_max[h], scores[j][e]);
-            }
-        float base[2];
+                for (int r = 0; r < 4; ++r) {
+                    const int h = r % 2;
+                    const float* c = scores[2 * s + r / 2];
+                    const float w0 = exp2f(c[2 * h] - base[h]);  // 0 for a masked row
+                    const float w1 = exp2f(c[2 * h + 1] - base[h]);
+                    denominator[h] += w0 + w1;
+                    p[r] = half2_to_bits(__floats2half2_rn(w0, w1));
+                }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP, tile_max[h], 1));
-            tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP, tile_max[h], 2));
-            const float new_max = fmaxf(running_max[h], tile_max[h]);
-            // A query that sees no row yet (before its window, or past n_tokens) subtracts 0 rather than -inf:
-            // its weights are exp2f(-inf) = 0, not NaN.
-            base[h] = new_max == -INFINITY ? 0.0f : new_max;
-            const float rescale = exp2f(running_max[h] - base[h]);  // 0 the first time (running_max = -inf)
-            running_max[h] = new_max;
-            denominator[h] *= rescale;
-#pragma unroll
-            for (int d = 0; d < DIM_BLOCKS; ++d) {
-                acc[d][2 * h] *= rescale;
-                acc[d][2 * h + 1] *= rescale;
+                for (int d = 0; d < DIM_BLOCKS; d += 2) {
+                    std::uint32_t v_frags[4];
+                    const int row = 16 * s + lane % 8 + ((lane / 8) % 2) * 8;
+                    load_matrix_x4_transposed(v_frags, v_tile + row * STRIDE + 8 * d + (lane / 16) * 8);
+                    const std::uint32_t left[2] = {v_frags[0], v_frags[1]};
+                    const std::uint32_t right[2] = {v_frags[2], v_frags[3]};
+                    mma_16x8x16(acc[d], p, left);
+                    mma_16x8x16(acc[d + 1], p, right);
+                }
             }
         }
 
-        // O += P V, k16 step s over the tile's rows 16 s .. 16 s + 15: P's A fragment is score blocks 2 s
-        // (a[0] its row group, a[1] its row group + 8) and 2 s + 1 (a[2], a[3]). Each ldmatrix.trans brings
-        // the B fragments of two 8-dim blocks d, d + 1 of V: matrices (rows 0-7 of the step, dims of d) =
-        // b[0] of d, (rows 8-15, dims of d) = b[1] of d, then those of d + 1.
-#pragma unroll
-        for (int s = 0; s < ROW_STEPS; ++s) {
-            std::uint32_t p[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int h = r % 2;
-                const float* c = scores[2 * s + r / 2];
-                const float w0 = exp2f(c[2 * h] - base[h]);  // 0 for a masked row
-                const float w1 = exp2f(c[2 * h + 1] - base[h]);
-                denominator[h] += w0 + w1;
-                p[r] = half2_to_bits(__floats2half2_rn(w0, w1));
-            }
-#pragma unroll
-            for (int d = 0; d < DIM_BLOCKS; d += 2) {
-                std::uint32_t v_frags[4];
-                const int row = 16 * s + lane % 8 + ((lane / 8) % 2) * 8;
-                load_matrix_x4_transposed(v_frags, v_tile + row * STRIDE + 8 * d + (lane / 16) * 8);
-                const std::uint32_t left[2] = {v_frags[0], v_frags[1]};
-                const std::uint32_t right[2] = {v_frags[2], v_frags[3]};
-                mma_16x8x16(acc[d], p, left);
-                mma_16x8x16(acc[d + 1], p, right);
-            }
+        if (more) {
+            store_prefill_tile(next_v, v_tiles[(tile + 1) % 2]);
+            __syncthreads();
         }
     }
 
+    // One slice: out = acc / denominator. Several: this slice's state, unnormalised, for the merge (a query
+    // that saw none of the slice's rows leaves maximum -inf, denominator 0 and zeros).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float sum = denominator[h];
         sum += __shfl_xor_sync(FULL_WARP, sum, 1);
         sum += __shfl_xor_sync(FULL_WARP, sum, 2);
         if (!active[h]) continue;
-        const float inverse = 1.0f / sum;  // >= 1: the row at the query's own position has weight 1 or more
+        if (n_splits == 1) {
+            const float inverse = 1.0f / sum;  // >= 1: the row at the query's own position has weight 1 or more
 #pragma unroll
-        for (int d = 0; d < DIM_BLOCKS; ++d)
-            *reinterpret_cast<float2*>(out + row_offset[h] + 8 * d + pair) =
-                make_float2(acc[d][2 * h] * inverse, acc[d][2 * h + 1] * inverse);
+            for (int d = 0; d < DIM_BLOCKS; ++d)
+                *reinterpret_cast<float2*>(out + query_row(h) * HEAD_DIM + 8 * d + pair) =
+                    make_float2(acc[d][2 * h] * inverse, acc[d][2 * h + 1] * inverse);
+        } else {
+            float* to = partial_acc + partial_row(h) * HEAD_DIM;
+#pragma unroll
+            for (int d = 0; d < DIM_BLOCKS; ++d)
+                *reinterpret_cast<float2*>(to + 8 * d + pair) = make_float2(acc[d][2 * h], acc[d][2 * h + 1]);
+            if (lane % 4 == 0) partial_stats[partial_row(h)] = make_float2(running_max[h], sum);
+        }
     }
 #else
     __trap();  // launch_attention_prefill_f32 starts it on sm_80+ only
 #endif
 }
 
+// The merge of a prefill split over the cache: for each query and head, the slices' states (m_s, l_s, a_s:
+// maximum, denominator, accumulator) combine as out = sum_s w_s a_s / sum_s w_s l_s with w_s = exp2(m_s - m),
+// m the largest m_s, the slices taken in order (the same bits every run: no atomics, no race). A slice the
+// query saw nothing of (m_s = -inf, whether its block wrote zeros or only the statistics) weighs 0, and its
+// accumulator, which may be stale workspace, is not read. The slice holding the query's own row has a finite
+// m_s, so m is finite and the denominator at least 1. Thread i: float4 i of out, chunk i % row_vectors of the
+// query-head pair i / row_vectors; the pairs' statistics it reads are the same for row_vectors neighbours (L1).
+__global__ void attention_prefill_merge(const float4* __restrict__ partial_acc,
+                                        const float2* __restrict__ partial_stats, float4* __restrict__ out,
+                                        int pairs, int row_vectors, int n_splits) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pairs * row_vectors) return;
+    const int query_head = i / row_vectors;
+    float most = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) most = fmaxf(most, partial_stats[std::size_t(s) * pairs + query_head].x);
+    float denominator = 0.0f;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < n_splits; ++s) {
+        const float2 stat = partial_stats[std::size_t(s) * pairs + query_head];
+        if (stat.x == -INFINITY) continue;
+        const float w = exp2f(stat.x - most);
+        const float4 a = partial_acc[(std::size_t(s) * pairs) * row_vectors + i];
+        denominator += w * stat.y;
+        sum.x += w * a.x;
+        sum.y += w * a.y;
+        sum.z += w * a.z;
+        sum.w += w * a.w;
+    }
+    const float inverse = 1.0f / denominator;
+    out[i] = make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse);
+}
+
 template <int HEAD_DIM>
 cudaError_t launch_prefill_tensor_cores(const float* q, const float* k_cache, const float* v_cache, float* out,
-                                        const int* positions, int n_tokens, int n_heads, int n_kv_heads, int n_ctx,
-                                        float scale, int window, cudaStream_t stream) {
+                                        const int* positions, float* workspace, int n_tokens, int n_heads,
+                                        int n_kv_heads, int n_ctx, float scale, int window, int n_splits,
+                                        cudaStream_t stream) {
     const float score_scale = LOG2_E * scale;  // scores in log2 units: exp2f weights
+    const int pairs = n_tokens * n_heads;     // query-head pairs (a split launch has fewer than 64 x its slots)
+    float* partial_acc = n_splits > 1 ? workspace : nullptr;
+    auto* partial_stats =
+        n_splits > 1 ? reinterpret_cast<float2*>(workspace + std::size_t(n_splits) * pairs * HEAD_DIM) : nullptr;
     // grid.x: the query head; grid.y: ceil(n_tokens / 64) tiles of 64 queries, 16 per warp (n_tokens <= 64 *
-    // 65535), run last tile first. Consecutive blocks are the heads of one query tile, as in launch_prefill.
-    const dim3 grid(n_heads, ceil_div(n_tokens, MMA_PREFILL_QUERIES));
+    // 65535), run last tile first; grid.z: the slices of the cache rows (prefill_splits). Consecutive blocks
+    // are the heads of one query tile, as in launch_prefill.
+    const dim3 grid(n_heads, ceil_div(n_tokens, MMA_PREFILL_QUERIES), n_splits);
     attention_prefill_tensor_cores<HEAD_DIM><<<grid, MMA_PREFILL_THREADS, 0, stream>>>(
-        q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_heads / n_kv_heads, n_kv_heads * HEAD_DIM, n_ctx,
-        score_scale, window);
+        q, k_cache, v_cache, out, partial_acc, partial_stats, positions, n_tokens, n_heads, n_heads / n_kv_heads,
+        n_kv_heads * HEAD_DIM, n_ctx, score_scale, window);
+    if (n_splits == 1) return cudaGetLastError();
+    if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
+    // grid.x: ceil(n_tokens * n_heads * head_dim / 4 / 256) blocks, one thread per float4 of out.
+    constexpr int MERGE_THREADS = 256;
+    constexpr int ROW_VECTORS = HEAD_DIM / 4;
+    attention_prefill_merge<<<ceil_div(pairs * ROW_VECTORS, MERGE_THREADS), MERGE_THREADS, 0, stream>>>(
+        reinterpret_cast<const float4*>(partial_acc), partial_stats, reinterpret_cast<float4*>(out), pairs,
+        ROW_VECTORS, n_splits);
     return cudaGetLastError();
+}
+
+// The cache slices of a prefill launch (its grid.z), the one rule launch_attention_prefill_f32 and
+// attention_prefill_workspace_bytes share; 1 for the head sizes the float32 kernel takes (it does not split).
+// A launch has n_heads x ceil(n_tokens / 64) query tiles, one block each; where they leave block slots
+// (multiprocessors x PrefillTile::MIN_BLOCKS_PER_SM) empty, each tile's rows are cut into as many slices as
+// the slots hold in one wave (Qwen2.5-0.5B's 512-token prompt on an H200: 112 tiles for 396 slots, 3
+// slices), so every block of the launch runs at once and the longest one walks a third of the rows; the
+// blocks past one wave that more slices would add only queue behind the first. max_rows (at least the
+// largest position + 1) caps the slices at one per MIN_SPLIT_ROWS rows, MAX_PREFILL_SPLITS at most.
+int prefill_splits(int n_tokens, int n_heads, int head_dim, int max_rows, int multiprocessors) {
+    if ((head_dim != 64 && head_dim != 128) || n_tokens <= 0 || n_heads <= 0 || multiprocessors <= 0) return 1;
+    const int blocks_per_sm =
+        head_dim == 64 ? PrefillTile<64>::MIN_BLOCKS_PER_SM : PrefillTile<128>::MIN_BLOCKS_PER_SM;
+    const long long tiles = static_cast<long long>(n_heads) * ceil_div(n_tokens, MMA_PREFILL_QUERIES);
+    const long long slots = static_cast<long long>(multiprocessors) * blocks_per_sm;
+    const long long most = std::min(MAX_PREFILL_SPLITS, max_rows / MIN_SPLIT_ROWS);
+    return static_cast<int>(std::max(1LL, std::min(slots / tiles, most)));
+}
+
+// Bytes of the workspace of a launch of `n_splits` slices: the accumulators [splits][n_tokens][n_heads]
+// [head_dim] floats, then the statistics [splits][n_tokens][n_heads] float2; none for one slice.
+long long prefill_workspace_bytes(int n_tokens, int n_heads, int head_dim, int n_splits) {
+    if (n_splits == 1) return 0;
+    return static_cast<long long>(n_splits) * n_tokens * n_heads * (head_dim + 2) * static_cast<long long>(sizeof(float));
 }
 
 // The preconditions both attention launchers share.
@@ -822,14 +1029,27 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
                              window);
 }
 
+extern "C" int attention_prefill_splits(int n_tokens, int n_heads, int head_dim, int max_rows, int multiprocessors) {
+    return prefill_splits(n_tokens, n_heads, head_dim, max_rows, multiprocessors);
+}
+
+extern "C" long long attention_prefill_workspace_bytes(int n_tokens, int n_heads, int head_dim, int max_rows,
+                                                       int multiprocessors) {
+    return prefill_workspace_bytes(n_tokens, n_heads, head_dim,
+                                   prefill_splits(n_tokens, n_heads, head_dim, max_rows, multiprocessors));
+}
+
 extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
                                                     float* out, const int* positions, int n_tokens, int n_heads,
-                                                    int n_kv_heads, int head_dim, int n_ctx, float scale, int window,
+                                                    int n_kv_heads, int head_dim, int n_ctx, int max_rows, float scale,
+                                                    int window, float* workspace, long long workspace_bytes,
                                                     cudaStream_t stream) {
     if (const cudaError_t refused = check_attention(n_heads, n_kv_heads, head_dim, scale, window);
         refused != cudaSuccess)
         return refused;
     if (n_tokens <= 0) return minfer_refuse("n_tokens must be positive");
+    if (max_rows < 1 || max_rows > n_ctx)
+        return minfer_refuse("max_rows must be between 1 and n_ctx (at least the largest position + 1)");
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16))
         return minfer_refuse("q, k_cache, v_cache and out must be 16-byte aligned (float4 loads)");
     // The tensor cores on sm_80+, where mma.m16n8k16 is one instruction, for the head sizes of the models whose
@@ -839,10 +1059,18 @@ extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float*
     // more kernel to compile and check against the f16 bound for no model measured. sm_75 would run each
     // product as two k8 halves and older GPUs have no such instruction: they keep the float32 kernel too.
     if ((head_dim == 64 || head_dim == 128) && minfer_compute_capability() >= 80) {
+        int multiprocessors = 0;
+        if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
+        const int n_splits = prefill_splits(n_tokens, n_heads, head_dim, max_rows, multiprocessors);
+        const long long needed = prefill_workspace_bytes(n_tokens, n_heads, head_dim, n_splits);
+        if (needed > 0 && (workspace == nullptr || workspace_bytes < needed || !is_aligned(workspace, 16)))
+            return minfer_refuse(
+                "this launch splits the cache rows: workspace must hold attention_prefill_workspace_bytes(...) "
+                "bytes, 16-byte aligned");
         const auto launch_tensor_cores =
             head_dim == 64 ? launch_prefill_tensor_cores<64> : launch_prefill_tensor_cores<128>;
-        return launch_tensor_cores(q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_kv_heads, n_ctx, scale,
-                                   window, stream);
+        return launch_tensor_cores(q, k_cache, v_cache, out, positions, workspace, n_tokens, n_heads, n_kv_heads,
+                                   n_ctx, scale, window, n_splits, stream);
     }
     // One kernel per head size, so each lane's share of a row (head_dim / 8 values) sits in registers.
     decltype(&launch_prefill<32>) launch = nullptr;

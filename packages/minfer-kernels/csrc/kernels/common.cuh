@@ -118,6 +118,13 @@ cudaError_t launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 blo
     return launched != cudaSuccess ? launched : cudaGetLastError();
 }
 
+// The current device's count of SMs, which the launchers that size their grids (and workspaces) by the GPU read.
+inline cudaError_t device_multiprocessors(int& multiprocessors) {
+    int device = 0;
+    if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
+    return cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+}
+
 inline bool is_aligned(const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }

@@ -23,11 +23,22 @@
 // shared-memory buffers and one or two register stages (pipeline_step) hide part of the load latency
 // (copying raw bytes further ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
 //
+// Split K. A narrow product's tiles can be too few for the GPU (ffn_down at 512 tokens: 112 64 x 64 tiles for
+// an H200's 264 block slots), and each of them walks a long K bound by its loads' latency (152 steps). Then
+// each tile's K is cut into slices (splits_for), one block each: a slice's block writes its partial tile into
+// a workspace, and gemm_sum_splits adds the slices up in slice order, so the result does not depend on which
+// block finished first.
+//
+// Epilogues. y = residual + (sum + bias) as the whole sum is stored (gemm_sum_splits's store with split K).
+// Paired (launch_gemm_swiglu), the W tile holds gate and up rows in turns of 8 (tile_feature), so that a
+// thread's accumulators hold both sums of its features, and the store is h = silu(gate) * up.
+//
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
 // multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That instruction
 // set exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
 // layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build) take a scalar path through the
 // same shared-memory tiles. Every compiled architecture computes the same function.
+#include <algorithm>
 #include <climits>
 
 #include "common.cuh"
@@ -74,6 +85,12 @@ using LargeTiles = TileShape<128, 128, 2, 4, 2, 1>;
 // A block alone on its SM waits for its own loads: two register stages, and the registers for them (two
 // blocks per SM; a 512-token prompt's narrow products make about one block per SM anyway).
 using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
+
+// Output features of one tile: BN, or paired (gemm_swiglu: a gate and an up row per feature) BN / 2.
+template <class Tiles, bool PAIRED>
+__host__ __device__ constexpr int features_per_tile() {
+    return PAIRED ? Tiles::BN / 2 : Tiles::BN;
+}
 
 // ---- Weight formats: 16 weights of one row (half a step's 32 columns) decoded to f16 ----------------------
 //
@@ -625,25 +642,43 @@ struct StepRegisters {
     typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
 };
 
-// Where a block's steps come from: x, W and the block's first token and first row.
+// Where a block's steps come from: x, W (paired: the gate's, and the up's rows in up_weight), the block's
+// first token and first row (paired: its first feature), and its slice's first step (step s of the block is
+// step first_step + s of the rows).
 struct StepSource {
     const float* x;
     const std::uint8_t* weight;
+    const std::uint8_t* up_weight;
     long long row_bytes;
-    int in_features, n_tokens, out_features, first_token, first_row;
+    int in_features, n_tokens, out_features, first_token, first_row, first_step;
 };
+
+// Row r of the W tile is the product's weight row first_row + r; paired (gemm_swiglu), it holds gate and up
+// rows in turns of 8, the accumulator fragments' width: rows 16k .. 16k + 7 are the gate's rows of features
+// first_row + 8k .. first_row + 8k + 7 and rows 16k + 8 .. 16k + 15 the up's rows of the same features. A
+// fragment of even index then holds gate sums and the next one the up sums of the same features, in the same
+// registers of the same lanes: each thread has both sums of its features for the epilogue.
+template <bool PAIRED>
+__device__ __forceinline__ int tile_feature(int tile_row) {
+    return PAIRED ? tile_row / 16 * 8 + tile_row % 8 : tile_row;
+}
+
+template <bool PAIRED>
+__device__ __forceinline__ const std::uint8_t* tile_weight(const StepSource& source, int tile_row) {
+    return PAIRED && tile_row / 8 % 2 == 1 ? source.up_weight : source.weight;
+}
 
 // x tile: BM tokens x 32 values; float4 i of the tile is token i / 8, values 4 (i % 8) ..., so consecutive
 // threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
 // block, consecutive threads walking down the rows. Tokens past n_tokens and rows past out_features are
 // not read; they are stored as zeros.
-template <class Tiles, class Format>
+template <bool PAIRED, class Tiles, class Format>
 __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
         const int token = source.first_token + i / X_VECTORS_PER_ROW;
-        const int column = step * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
+        const int column = (source.first_step + step) * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
         regs.x[v] = token < source.n_tokens
                         ? *reinterpret_cast<const float4*>(source.x + std::size_t(token) * source.in_features + column)
                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -651,12 +686,14 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
         const int i = threadIdx.x + p * Tiles::THREADS;
-        const int row = source.first_row + i / 2;
-        if (row < source.out_features) regs.w[p] = Format::load(source.weight + row * source.row_bytes, step, i % 2);
+        const int row = source.first_row + tile_feature<PAIRED>(i / 2);
+        if (row < source.out_features)
+            regs.w[p] = Format::load(tile_weight<PAIRED>(source, i / 2) + row * source.row_bytes,
+                                     source.first_step + step, i % 2);
     }
 }
 
-template <class Tiles, class Format>
+template <bool PAIRED, class Tiles, class Format>
 __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& regs, __half* x_tile, __half* w_tile,
                                            int rows_left) {
 #pragma unroll
@@ -674,7 +711,7 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
         const int row = i / 2;
         const int part = i % 2;
         std::uint32_t words[8] = {};  // rows past out_features multiply as zeros
-        if (row < rows_left) Format::decode(regs.w[p], words);
+        if (tile_feature<PAIRED>(row) < rows_left) Format::decode(regs.w[p], words);
         __half* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
         *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
         *reinterpret_cast<uint4*>(out + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
@@ -750,7 +787,7 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
 // loads and the odd steps' alternate: at the start of step s the stage holding step s + 1 has its loads
 // in flight and the other was stored at the end of step s - 1, so it takes step s + 2, and each load has
 // two steps of products to arrive in.
-template <class Tiles, int AHEAD, class Format>
+template <class Tiles, int AHEAD, bool PAIRED, class Format>
 __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                               StepRegisters<Tiles, Format>& load_stage,
                                               const StepRegisters<Tiles, Format>& store_stage,
@@ -758,9 +795,9 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
                                               __half (*w_tiles)[Tiles::BN * TILE_STRIDE], int step, int n_steps,
                                               int rows_left, int warp_row, int warp_column) {
     const int current = step % 2;
-    if (step + AHEAD < n_steps) load_step(load_stage, source, step + AHEAD);
+    if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
     multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
-    if (step + 1 < n_steps) store_step(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+    if (step + 1 < n_steps) store_step<PAIRED>(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
     __syncthreads();
 }
 
@@ -768,41 +805,73 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
 
 // The products of one launch: up to MAX_GEMM_PARTS weights of one type and row length that multiply the
 // same x (a layer's q, k and v projections), each into its own y. Part p's tiles of output features are
-// first_tile[p] .. first_tile[p + 1] - 1 of the grid's x axis; the absent parts' first_tile is past the
-// grid. One launch instead of three lets the narrow products' few blocks run side by side.
+// first_tile[p] .. first_tile[p + 1] - 1 of the grid's x axis, its outputs columns first_column[p] ..
+// first_column[p + 1] - 1 of one token's outputs of every part in turn (gemm_sum_splits); an absent part's
+// first_tile and first_column are past them all. One launch instead of three lets the narrow products' few
+// blocks run side by side. When the launch splits K, part p's slices keep their sums in partial[p]:
+// [splits][n_tokens][out_features] floats of the workspace. The epilogue (finish) adds part p's bias[p] and,
+// in a launch of one part, the residual.
 constexpr int MAX_GEMM_PARTS = 3;
 struct GemmParts {
     const std::uint8_t* weight[MAX_GEMM_PARTS];
+    const float* bias[MAX_GEMM_PARTS];  // nullptr: none
     float* y[MAX_GEMM_PARTS];
+    float* partial[MAX_GEMM_PARTS];
+    const float* residual;  // [n_tokens][out_features] of part 0, the only part; may be y itself; nullptr: none
     int out_features[MAX_GEMM_PARTS];
     int first_tile[MAX_GEMM_PARTS];
+    int first_column[MAX_GEMM_PARTS];
 };
 
+// The epilogue of output `index` (row-major in y, `column` in its row) of a product's whole sum:
+// y = residual + (sum + bias), each absent term left out. That is the order of gemm, add_bias_f32 and
+// add_f32 launched one after the other, so the folded epilogue gives their result to the bit.
+__device__ __forceinline__ float finish(float sum, const float* bias, const float* residual, int column,
+                                        std::size_t index) {
+    if (bias != nullptr) sum += bias[column];
+    return residual != nullptr ? residual[index] + sum : sum;
+}
+
+// The part a tile (or a column) belongs to, from the parts' first tiles (or columns), with selects: indexing
+// the parameter arrays by a computed index would copy them to local memory.
+__device__ __forceinline__ int part_of(int index, const int (&first)[MAX_GEMM_PARTS]) {
+    return index >= first[2] ? 2 : (index >= first[1] ? 1 : 0);
+}
+
+template <typename T>
+__device__ __forceinline__ T part_value(int part, const T (&values)[MAX_GEMM_PARTS]) {
+    return part == 0 ? values[0] : (part == 1 ? values[1] : values[2]);
+}
+
 // Block: Tiles::THREADS threads; blockIdx.x the tile of output features (of all parts, in order),
-// blockIdx.y the tile of tokens.
-template <class Tiles, class Format>
+// blockIdx.y the tile of tokens, blockIdx.z the slice of K: slice z of gridDim.z multiplies the contiguous
+// steps z * n / gridDim.z .. (z + 1) * n / gridDim.z - 1 of the n steps of the rows. With one slice the block
+// writes its tile of y, epilogue included; with more, its partial sums, which gemm_sum_splits adds up.
+// PAIRED (gemm_swiglu): one part, weight[0] the gate and weight[1] the up, y[0] = h, out_features[0] = d_ff;
+// a tile covers BN / 2 features (tile_feature), one slice.
+template <class Tiles, class Format, bool PAIRED>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_f16_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
                           int n_tokens) {
+    static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
     __shared__ __align__(16) __half x_tiles[2][Tiles::BM * TILE_STRIDE];
     __shared__ __align__(16) __half w_tiles[2][Tiles::BN * TILE_STRIDE];
 
-    // This block's part, picked with selects (indexing the parameter arrays would copy them to local memory).
     const int tile = blockIdx.x;
-    const int part = tile >= parts.first_tile[2] ? 2 : (tile >= parts.first_tile[1] ? 1 : 0);
-    const std::uint8_t* weight = part == 0 ? parts.weight[0] : (part == 1 ? parts.weight[1] : parts.weight[2]);
-    float* y = part == 0 ? parts.y[0] : (part == 1 ? parts.y[1] : parts.y[2]);
-    const int out_features =
-        part == 0 ? parts.out_features[0] : (part == 1 ? parts.out_features[1] : parts.out_features[2]);
-    const int part_tile =
-        tile - (part == 0 ? parts.first_tile[0] : (part == 1 ? parts.first_tile[1] : parts.first_tile[2]));
-    const int first_row = part_tile * Tiles::BN;
+    const int part = part_of(tile, parts.first_tile);
+    const std::uint8_t* weight = part_value(part, parts.weight);
+    const int out_features = part_value(part, parts.out_features);
+    const int first_row = (tile - part_value(part, parts.first_tile)) * features_per_tile<Tiles, PAIRED>();
     const int first_token = blockIdx.y * Tiles::BM;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp_row = (warp / Tiles::WARPS_N) * Tiles::WARP_M;
     const int warp_column = (warp % Tiles::WARPS_N) * Tiles::WARP_N;
-    const int n_steps = in_features / K_STEP;
+    const int all_steps = in_features / K_STEP;
+    const int slice = blockIdx.z;
+    const int slices = gridDim.z;
+    const int first_step = slice * all_steps / slices;
+    const int n_steps = (slice + 1) * all_steps / slices - first_step;
     const int rows_left = out_features - first_row;
 
     float acc[Tiles::FRAGS_M][Tiles::FRAGS_N][4] = {};
@@ -812,92 +881,248 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     // into the other buffer (last read in step s - 1, before the barrier that ended it) and meets the barrier:
     // a load has two steps of products to arrive in, not one.
     StepRegisters<Tiles, Format> even, odd;  // with one register stage, `even` serves every step
-    const StepSource source{x, weight, row_bytes, in_features, n_tokens, out_features, first_token, first_row};
-    load_step(even, source, 0);
-    store_step(even, x_tiles[0], w_tiles[0], rows_left);
+    const StepSource source{x,           weight,    PAIRED ? parts.weight[1] : nullptr, row_bytes, in_features,
+                            n_tokens,    out_features, first_token, first_row,   first_step};
+    load_step<PAIRED>(even, source, 0);
+    store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
     if constexpr (Tiles::REGISTER_STAGES == 1) {
-        if (n_steps > 1) load_step(even, source, 1);
+        if (n_steps > 1) load_step<PAIRED>(even, source, 1);
         __syncthreads();
         for (int step = 0; step < n_steps; ++step)
-            pipeline_step<Tiles, 1>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left, warp_row,
-                                    warp_column);
+            pipeline_step<Tiles, 1, PAIRED>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left,
+                                            warp_row, warp_column);
     } else {
-        if (n_steps > 1) load_step(odd, source, 1);
+        if (n_steps > 1) load_step<PAIRED>(odd, source, 1);
         __syncthreads();
         // Two steps per trip, so that each stage is a fixed set of registers.
         for (int step = 0; step < n_steps; step += 2) {
-            pipeline_step<Tiles, 2>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left, warp_row,
-                                    warp_column);
+            pipeline_step<Tiles, 2, PAIRED>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left,
+                                            warp_row, warp_column);
             if (step + 1 < n_steps)
-                pipeline_step<Tiles, 2>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps, rows_left,
-                                        warp_row, warp_column);
+                pipeline_step<Tiles, 2, PAIRED>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps,
+                                                rows_left, warp_row, warp_column);
         }
     }
 
-    // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
+    if constexpr (PAIRED) {
+        // h = silu(gate) * up, silu as swiglu_f32 computes it (common.cuh). Fragment j (even) and j + 1 hold the
+        // gate and up sums of the features (warp_column + 8 j) / 2 + 2 (lane % 4) + e % 2 of the tile.
+        float* h = parts.y[0];
 #pragma unroll
-    for (int i = 0; i < Tiles::FRAGS_M; ++i)
+        for (int i = 0; i < Tiles::FRAGS_M; ++i)
 #pragma unroll
-        for (int j = 0; j < Tiles::FRAGS_N; ++j)
+            for (int j = 0; j < Tiles::FRAGS_N; j += 2)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
-                const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
-                if (token < n_tokens && column < out_features)
-                    y[std::size_t(token) * out_features + column] = acc[i][j][e];
-            }
+                for (int e = 0; e < 4; ++e) {
+                    const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
+                    const int feature = first_row + (warp_column + 8 * j) / 2 + 2 * (lane % 4) + e % 2;
+                    if (token < n_tokens && feature < out_features)
+                        h[std::size_t(token) * out_features + feature] = silu(acc[i][j][e]) * acc[i][j + 1][e];
+                }
+    } else {
+        // One slice: y itself, through the epilogue. Several: this slice's [n_tokens][out_features] of the
+        // part's partial sums, as they are (gemm_sum_splits applies the epilogue once, to their total).
+        const bool whole = slices == 1;
+        float* out = whole ? part_value(part, parts.y)
+                           : part_value(part, parts.partial) + std::size_t(slice) * n_tokens * out_features;
+        const float* bias = part_value(part, parts.bias);
+        // Fragment element e of lane l sits at row l / 4 (+ 8 for e >= 2), column 2 (l % 4) + e % 2.
+#pragma unroll
+        for (int i = 0; i < Tiles::FRAGS_M; ++i)
+#pragma unroll
+            for (int j = 0; j < Tiles::FRAGS_N; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
+                    const int column = first_row + warp_column + 8 * j + 2 * (lane % 4) + e % 2;
+                    const std::size_t index = std::size_t(token) * out_features + column;
+                    if (token < n_tokens && column < out_features)
+                        out[index] =
+                            whole ? finish(acc[i][j][e], bias, parts.residual, column, index) : acc[i][j][e];
+                }
+    }
 }
 
-// One launch's arguments, as launch_gemm_group received them (row_bytes: bytes of one weight row).
+// y = the sum of a split launch's slices, added in slice order, through the epilogue: the same additions in
+// the same order on every run, so the result is deterministic (atomic adds into y would sum in whatever order
+// the blocks end).
+// Thread: output i of the launch's n_tokens x all_outputs, token i / all_outputs, column i % all_outputs of
+// one token's outputs of every part in turn.
+__global__ void gemm_sum_splits(GemmParts parts, int splits, int n_tokens, int all_outputs) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_tokens * all_outputs) return;
+    const int token = i / all_outputs;
+    const int part = part_of(i % all_outputs, parts.first_column);
+    const int out_features = part_value(part, parts.out_features);
+    const int column = i % all_outputs - part_value(part, parts.first_column);
+    const std::size_t index = std::size_t(token) * out_features + column;
+    const float* partial = part_value(part, parts.partial) + index;
+    const std::size_t slice_floats = std::size_t(n_tokens) * out_features;
+    float sum = partial[0];
+    for (int slice = 1; slice < splits; ++slice) sum += partial[slice * slice_floats];
+    part_value(part, parts.y)[index] = finish(sum, part_value(part, parts.bias), parts.residual, column, index);
+}
+
+// One launch's arguments, as launch_gemm or launch_gemm_group received them.
 struct Products {
     const void* weight[MAX_GEMM_PARTS];
+    const float* bias[MAX_GEMM_PARTS];
     float* y[MAX_GEMM_PARTS];
     int out_features[MAX_GEMM_PARTS];  // 0: the part is absent (and so are the ones after it)
-    long long row_bytes;
+    const float* residual;             // launch_gemm's; launch_gemm_group has none
+    int type;
     const float* x;
     int in_features;
     int n_tokens;
+    void* workspace;  // the slices' partial sums, when the launch splits K (gemm_workspace_bytes)
+    long long workspace_bytes;
 };
 
-// The parts as Tiles cut them: part p's tiles follow part p - 1's. Returns the tiles of output features.
-template <class Tiles>
-int tile_parts(const Products& p, GemmParts& parts) {
+// Tiles of output features of the parts as Tiles cut them, part p's after part p - 1's.
+template <class Tiles, bool PAIRED = false>
+int feature_tiles(const int (&out_features)[MAX_GEMM_PARTS]) {
     int tiles = 0;
-    for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
-        parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
-        parts.y[i] = p.y[i];
-        parts.out_features[i] = p.out_features[i];
-        parts.first_tile[i] = p.out_features[i] > 0 ? tiles : INT_MAX;
-        tiles += ceil_div(p.out_features[i], Tiles::BN);
-    }
+    for (const int n : out_features) tiles += ceil_div(n, features_per_tile<Tiles, PAIRED>());
     return tiles;
 }
 
-template <class Tiles>
-long long tile_count(const Products& p) {
-    GemmParts parts{};
-    return static_cast<long long>(tile_parts<Tiles>(p, parts)) * ceil_div(p.n_tokens, Tiles::BM);
-}
-
-template <class Tiles, class Format>
-cudaError_t launch_tiles(const Products& p, cudaStream_t stream) {
-    GemmParts parts{};
-    const int feature_tiles = tile_parts<Tiles>(p, parts);
-    // grid.x: the tiles of output features, BN each, of every part in turn; grid.y: ceil(n_tokens / BM) tiles
-    // of tokens. Blocks next to each other in x share their x rows, which then stay in L2 while W streams past.
-    const dim3 grid(feature_tiles, ceil_div(p.n_tokens, Tiles::BM));
-    gemm_f16_tensor_cores<Tiles, Format>
-        <<<grid, Tiles::THREADS, 0, stream>>>(parts, p.row_bytes, p.x, p.in_features, p.n_tokens);
-    return cudaGetLastError();
+template <class Tiles, bool PAIRED = false>
+long long tile_count(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens) {
+    return static_cast<long long>(feature_tiles<Tiles, PAIRED>(out_features)) * ceil_div(n_tokens, Tiles::BM);
 }
 
 // Large tiles when they alone give every SM a block (at 512 tokens: ffn_gate and ffn_up, 152 blocks);
 // fewer, bigger tiles re-read x and W less often. Otherwise small tiles, four times as many blocks, so
 // narrow products (N = 896: 112 blocks) and short prompts still spread over the GPU.
-template <class Format>
-cudaError_t launch_format(const Products& p, int multiprocessors, cudaStream_t stream) {
-    if (tile_count<LargeTiles>(p) >= multiprocessors) return launch_tiles<LargeTiles, Format>(p, stream);
-    return launch_tiles<SmallTiles, Format>(p, stream);
+template <bool PAIRED = false>
+bool large_tiles(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int multiprocessors) {
+    return tile_count<LargeTiles, PAIRED>(out_features, n_tokens) >= multiprocessors;
+}
+
+// At most this many slices of K: each adds a pass over the launch's outputs through the workspace, while
+// the gain shrinks once the slices have filled the SMs' block slots.
+constexpr int MAX_SPLITS = 8;
+// At least this many steps per slice: a slice pays the pipeline's fill (two steps of loads before its first
+// product) and a store of its whole tile, which a few steps of products would not repay.
+constexpr int MIN_STEPS_PER_SPLIT = 8;
+
+// The slices of K of a launch (its grid.z), the one rule the launcher and gemm_workspace_bytes share. Where
+// the small tiles leave block slots (multiprocessors x SmallTiles::MIN_BLOCKS_PER_SM) empty, each tile's K
+// is cut into as many slices as fill them: a narrow product's few blocks, each bound by its loads' latency
+// over a long K (ffn_down at 512 tokens: 112 blocks for 264 slots, 152 steps each), become blocks that
+// walk a slice each side by side. Large tiles fill the SMs already and never split.
+int splits_for(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens, int multiprocessors) {
+    if (large_tiles(out_features, n_tokens, multiprocessors)) return 1;
+    const long long tiles = tile_count<SmallTiles>(out_features, n_tokens);
+    const long long slots = static_cast<long long>(multiprocessors) * SmallTiles::MIN_BLOCKS_PER_SM;
+    if (tiles <= 0 || tiles >= slots) return 1;
+    const long long most = std::min(MAX_SPLITS, in_features / K_STEP / MIN_STEPS_PER_SPLIT);
+    return static_cast<int>(std::max(std::min(slots / tiles, static_cast<long long>(most)), 1LL));
+}
+
+// Floats of the workspace a launch of `splits` slices needs: each part's [splits][n_tokens][out_features].
+long long partial_floats(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int splits) {
+    if (splits == 1) return 0;
+    long long outputs = 0;
+    for (const int n : out_features) outputs += n;
+    return static_cast<long long>(splits) * n_tokens * outputs;
+}
+
+template <class Tiles, class Format, bool PAIRED>
+cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
+    GemmParts parts{};
+    parts.residual = p.residual;
+    int tiles = 0;
+    int columns = 0;
+    float* partial = static_cast<float*>(p.workspace);
+    for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
+        const bool present = p.out_features[i] > 0;
+        parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
+        parts.bias[i] = p.bias[i];
+        parts.y[i] = p.y[i];
+        parts.partial[i] = present && splits > 1 ? partial : nullptr;
+        parts.out_features[i] = p.out_features[i];
+        parts.first_tile[i] = present ? tiles : INT_MAX;
+        parts.first_column[i] = present ? columns : INT_MAX;
+        tiles += ceil_div(p.out_features[i], features_per_tile<Tiles, PAIRED>());
+        columns += p.out_features[i];
+        if (present && splits > 1) partial += std::size_t(splits) * p.n_tokens * p.out_features[i];
+    }
+    // grid.x: the tiles of output features, BN each (paired: BN / 2), of every part in turn; grid.y:
+    // ceil(n_tokens / BM) tiles of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x
+    // share their x rows, which then stay in L2 while W streams past.
+    const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
+    const long long weight_row_bytes = row_bytes(p.type, p.in_features);
+    gemm_f16_tensor_cores<Tiles, Format, PAIRED>
+        <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, p.x, p.in_features, p.n_tokens);
+    if (splits == 1) return cudaGetLastError();
+    if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
+    // grid.x: ceil(n_tokens * columns / 256) blocks, one thread per output of every part. A split launch
+    // has fewer tiles than block slots, so its outputs (under slots x BM x BN) count within an int.
+    constexpr int SUM_BLOCK = 256;
+    gemm_sum_splits<<<ceil_div(p.n_tokens * columns, SUM_BLOCK), SUM_BLOCK, 0, stream>>>(parts, splits, p.n_tokens,
+                                                                                         columns);
+    return cudaGetLastError();
+}
+
+template <class Format, bool PAIRED>
+cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
+    if (large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors))
+        return launch_tiles<LargeTiles, Format, PAIRED>(p, splits, stream);  // splits_for never splits them
+    return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
+}
+
+// The checks of every launch's arguments; cudaSuccess when they pass.
+cudaError_t refuse_products(const Products& p) {
+    if (row_bytes(p.type, p.in_features) < 0 || p.in_features % K_STEP != 0)
+        return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
+    if (p.in_features <= 0 || p.out_features[0] <= 0 || p.n_tokens <= 0)
+        return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
+    if (p.out_features[1] < 0 || p.out_features[2] < 0 || (p.out_features[1] == 0 && p.out_features[2] > 0))
+        return minfer_refuse("a part's out_features is 0 (absent) or positive, and an absent part has none after it");
+    if (!is_aligned(p.x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
+    const bool float_weights = p.type == GGML_F32 || p.type == GGML_F16 || p.type == GGML_BF16;
+    for (const void* weight : p.weight)
+        if (!is_aligned(weight, float_weights ? 16 : 4))
+            return minfer_refuse(
+                "weight must be 16-byte aligned for F32/F16/BF16 (16-byte loads) and 4-byte aligned otherwise");
+    return cudaSuccess;
+}
+
+template <bool PAIRED>
+cudaError_t launch_type(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
+    switch (p.type) {
+        case GGML_F32: return launch_format<F32Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_F16: return launch_format<F16Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q4_0: return launch_format<Q4_0Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q4_1: return launch_format<Q4_1Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q5_0: return launch_format<Q5_0Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q5_1: return launch_format<Q5_1Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q8_0: return launch_format<Q8_0Tile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q2_K: return launch_format<Q2_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q3_K: return launch_format<Q3_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q4_K: return launch_format<Q4_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q5_K: return launch_format<Q5_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_Q6_K: return launch_format<Q6_KTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_IQ4_NL: return launch_format<IQ4_NLTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_IQ4_XS: return launch_format<IQ4_XSTile, PAIRED>(p, multiprocessors, splits, stream);
+        case GGML_BF16: return launch_format<BF16Tile, PAIRED>(p, multiprocessors, splits, stream);
+        default: return minfer_refuse("no GEMM kernel for this GGML type");
+    }
+}
+
+// The checks and the launch behind launch_gemm and launch_gemm_group.
+cudaError_t launch_products(const Products& p, cudaStream_t stream) {
+    if (const cudaError_t refused = refuse_products(p); refused != cudaSuccess) return refused;
+    int multiprocessors = 0;
+    if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
+    const int splits = splits_for(p.out_features, p.in_features, p.n_tokens, multiprocessors);
+    const long long needed =
+        partial_floats(p.out_features, p.n_tokens, splits) * static_cast<long long>(sizeof(float));
+    if (needed > 0 && (p.workspace == nullptr || p.workspace_bytes < needed || !is_aligned(p.workspace, 4)))
+        return minfer_refuse(
+            "this launch splits K: workspace must hold gemm_workspace_bytes(...) bytes, 4-byte aligned (floats)");
+    return launch_type<false>(p, multiprocessors, splits, stream);
 }
 
 }  // namespace
@@ -905,58 +1130,75 @@ cudaError_t launch_format(const Products& p, int multiprocessors, cudaStream_t s
 
 using namespace minfer;
 
-extern "C" cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1,
-                                         float* y_1, int out_features_1, const void* weight_2, float* y_2,
-                                         int out_features_2, int type, const float* x, int in_features, int n_tokens,
-                                         cudaStream_t stream) {
-    const long long bytes = row_bytes(type, in_features);
-    if (bytes < 0 || in_features % K_STEP != 0)
-        return minfer_refuse(MINFER_TYPES_AND_ROWS ", in_features the row length and a multiple of 32");
-    if (in_features <= 0 || out_features_0 <= 0 || n_tokens <= 0)
-        return minfer_refuse("in_features, the first part's out_features and n_tokens must be positive");
-    if (out_features_1 < 0 || out_features_2 < 0 || (out_features_1 == 0 && out_features_2 > 0))
-        return minfer_refuse("a part's out_features is 0 (absent) or positive, and an absent part has none after it");
-    if (!is_aligned(x, 16)) return minfer_refuse("x must be 16-byte aligned (float4 loads)");
-    const bool float_weights = type == GGML_F32 || type == GGML_F16 || type == GGML_BF16;
-    for (const void* weight : {weight_0, weight_1, weight_2})
-        if (!is_aligned(weight, float_weights ? 16 : 4))
-            return minfer_refuse(
-                "weight must be 16-byte aligned for F32/F16/BF16 (16-byte loads) and 4-byte aligned otherwise");
-    int device = 0;
-    int multiprocessors = 0;
-    if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
-    if (const cudaError_t failed = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
-        failed != cudaSuccess)
-        return failed;
-    const Products products{{weight_0, weight_1, weight_2},
-                            {y_0, y_1, y_2},
-                            {out_features_0, out_features_1, out_features_2},
-                            bytes,
-                            x,
-                            in_features,
-                            n_tokens};
-    switch (type) {
-        case GGML_F32: return launch_format<F32Tile>(products, multiprocessors, stream);
-        case GGML_F16: return launch_format<F16Tile>(products, multiprocessors, stream);
-        case GGML_Q4_0: return launch_format<Q4_0Tile>(products, multiprocessors, stream);
-        case GGML_Q4_1: return launch_format<Q4_1Tile>(products, multiprocessors, stream);
-        case GGML_Q5_0: return launch_format<Q5_0Tile>(products, multiprocessors, stream);
-        case GGML_Q5_1: return launch_format<Q5_1Tile>(products, multiprocessors, stream);
-        case GGML_Q8_0: return launch_format<Q8_0Tile>(products, multiprocessors, stream);
-        case GGML_Q2_K: return launch_format<Q2_KTile>(products, multiprocessors, stream);
-        case GGML_Q3_K: return launch_format<Q3_KTile>(products, multiprocessors, stream);
-        case GGML_Q4_K: return launch_format<Q4_KTile>(products, multiprocessors, stream);
-        case GGML_Q5_K: return launch_format<Q5_KTile>(products, multiprocessors, stream);
-        case GGML_Q6_K: return launch_format<Q6_KTile>(products, multiprocessors, stream);
-        case GGML_IQ4_NL: return launch_format<IQ4_NLTile>(products, multiprocessors, stream);
-        case GGML_IQ4_XS: return launch_format<IQ4_XSTile>(products, multiprocessors, stream);
-        case GGML_BF16: return launch_format<BF16Tile>(products, multiprocessors, stream);
-        default: return minfer_refuse("no GEMM kernel for this GGML type");
-    }
+extern "C" int gemm_splits(int out_features_0, int out_features_1, int out_features_2, int in_features,
+                           int n_tokens, int multiprocessors) {
+    const int out_features[MAX_GEMM_PARTS] = {std::max(out_features_0, 0), std::max(out_features_1, 0),
+                                              std::max(out_features_2, 0)};
+    return splits_for(out_features, in_features, n_tokens, multiprocessors);
 }
 
-extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features,
-                                   int out_features, int n_tokens, cudaStream_t stream) {
-    return launch_gemm_group(weight, y, out_features, nullptr, nullptr, 0, nullptr, nullptr, 0, type, x, in_features,
-                             n_tokens, stream);
+extern "C" long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2,
+                                          int in_features, int n_tokens, int multiprocessors) {
+    const int out_features[MAX_GEMM_PARTS] = {std::max(out_features_0, 0), std::max(out_features_1, 0),
+                                              std::max(out_features_2, 0)};
+    const int splits = splits_for(out_features, in_features, n_tokens, multiprocessors);
+    return partial_floats(out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
+}
+
+extern "C" cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* y_0, int out_features_0,
+                                         const void* weight_1, const float* bias_1, float* y_1, int out_features_1,
+                                         const void* weight_2, const float* bias_2, float* y_2, int out_features_2,
+                                         int type, const float* x, int in_features, int n_tokens, void* workspace,
+                                         long long workspace_bytes, cudaStream_t stream) {
+    return launch_products({{weight_0, weight_1, weight_2},
+                            {bias_0, bias_1, bias_2},
+                            {y_0, y_1, y_2},
+                            {out_features_0, out_features_1, out_features_2},
+                            nullptr,
+                            type,
+                            x,
+                            in_features,
+                            n_tokens,
+                            workspace,
+                            workspace_bytes},
+                           stream);
+}
+
+extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x, const float* bias,
+                                   const float* residual, float* y, int in_features, int out_features, int n_tokens,
+                                   void* workspace, long long workspace_bytes, cudaStream_t stream) {
+    return launch_products({{weight, nullptr, nullptr},
+                            {bias, nullptr, nullptr},
+                            {y, nullptr, nullptr},
+                            {out_features, 0, 0},
+                            residual,
+                            type,
+                            x,
+                            in_features,
+                            n_tokens,
+                            workspace,
+                            workspace_bytes},
+                           stream);
+}
+
+extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h,
+                                          int in_features, int d_ff, int n_tokens, cudaStream_t stream) {
+    // One part of d_ff features whose rows are the gate's and the up's (the kernel's PAIRED tiles); never split:
+    // the epilogue needs both whole sums.
+    const Products paired{{gate, up, nullptr},
+                          {nullptr, nullptr, nullptr},
+                          {h, nullptr, nullptr},
+                          {d_ff, 0, 0},
+                          nullptr,
+                          type,
+                          x,
+                          in_features,
+                          n_tokens,
+                          nullptr,
+                          0};
+    if (const cudaError_t refused = refuse_products(paired); refused != cudaSuccess) return refused;
+    if (gate == nullptr || up == nullptr || h == nullptr) return minfer_refuse("gate, up and h must not be null");
+    int multiprocessors = 0;
+    if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
+    return launch_type<true>(paired, multiprocessors, 1, stream);
 }

@@ -65,12 +65,29 @@ cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y
                           int out_features, int n_tokens, cudaStream_t stream);
 
 // gemm.cu. A group is up to three products of one x (weights of one type; out_features 0: the part and the
-// ones after it are absent), in one launch.
-cudaError_t launch_gemm(const void* weight, int type, const float* x, float* y, int in_features, int out_features,
-                        int n_tokens, cudaStream_t stream);
-cudaError_t launch_gemm_group(const void* weight_0, float* y_0, int out_features_0, const void* weight_1, float* y_1,
-                              int out_features_1, const void* weight_2, float* y_2, int out_features_2, int type,
-                              const float* x, int in_features, int n_tokens, cudaStream_t stream);
+// ones after it are absent), in one launch. Each part's y = x W^T + bias (bias nullptr: none); launch_gemm's
+// y = residual + (x W^T + bias) (residual nullptr: none; it may be y itself, the add in place), the order of
+// gemm, add_bias_f32 and add_f32 one after the other, so the result is theirs to the bit. Where the launch's
+// tiles leave the GPU's block slots empty, K is cut into gemm_splits(...) slices (1: none) whose partial sums
+// meet in `workspace`, then are added in slice order (deterministic); the launch needs
+// gemm_workspace_bytes(...) bytes there (0 when it does not split: workspace may then be nullptr), for the
+// same parts, in_features and n_tokens and the device's multiprocessor count.
+int gemm_splits(int out_features_0, int out_features_1, int out_features_2, int in_features, int n_tokens,
+                int multiprocessors);
+long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2, int in_features,
+                               int n_tokens, int multiprocessors);
+cudaError_t launch_gemm(const void* weight, int type, const float* x, const float* bias, const float* residual,
+                        float* y, int in_features, int out_features, int n_tokens, void* workspace,
+                        long long workspace_bytes, cudaStream_t stream);
+cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* y_0, int out_features_0,
+                              const void* weight_1, const float* bias_1, float* y_1, int out_features_1,
+                              const void* weight_2, const float* bias_2, float* y_2, int out_features_2, int type,
+                              const float* x, int in_features, int n_tokens, void* workspace,
+                              long long workspace_bytes, cudaStream_t stream);
+// h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f] over [n_tokens][d_ff], gate and up of one GGML type (d_ff
+// rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split.
+cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
+                               int d_ff, int n_tokens, cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type. gemv_swiglu
@@ -102,9 +119,22 @@ cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, co
                                         const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
                                         int head_dim, int n_ctx, float scale, int window, int n_splits,
                                         cudaStream_t stream);
+// Prefill: query t over cache rows 0..positions[t] (the last `window` of them; 0: all). Where its query tiles
+// leave the GPU's block slots empty, each tile's rows are cut into attention_prefill_splits(...) slices (1:
+// none) whose partial states meet in `workspace`, then merge in slice order (deterministic; the workspace need
+// not start zeroed); the launch needs attention_prefill_workspace_bytes(...) bytes there (0 when it does not
+// split: workspace may then be nullptr), for the same n_tokens, n_heads, head_dim and max_rows and the device's
+// multiprocessor count. max_rows, 1..n_ctx, bounds the rows any query sees (the largest position + 1, or n_ctx
+// when the caller does not know it): it only sets the slice count, each slice's rows come from the positions on
+// the device, so a smaller true depth leaves slices empty, never wrong. (Before sm_80 the float32 kernel takes
+// every head size and splits nothing: the workspace then goes unused.)
+int attention_prefill_splits(int n_tokens, int n_heads, int head_dim, int max_rows, int multiprocessors);
+long long attention_prefill_workspace_bytes(int n_tokens, int n_heads, int head_dim, int max_rows,
+                                            int multiprocessors);
 cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
                                          const int* positions, int n_tokens, int n_heads, int n_kv_heads,
-                                         int head_dim, int n_ctx, float scale, int window, cudaStream_t stream);
+                                         int head_dim, int n_ctx, int max_rows, float scale, int window,
+                                         float* workspace, long long workspace_bytes, cudaStream_t stream);
 
 // sample.cu. argmax: out[r] = the index of row r's largest value (lowest on ties), -1 if the row holds NaN/+-Inf.
 std::size_t argmax_workspace_bytes(int rows, int n);

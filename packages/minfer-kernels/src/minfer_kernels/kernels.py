@@ -44,10 +44,15 @@ gemv_geglu = _kernels.gemv_geglu
 gemv_qkv_rope_store = _kernels.gemv_qkv_rope_store
 gemm = _kernels.gemm
 gemm_group = _kernels.gemm_group
+gemm_splits = _kernels.gemm_splits
+gemm_swiglu = _kernels.gemm_swiglu
+gemm_workspace_bytes = _kernels.gemm_workspace_bytes
 kv_store_f32 = _kernels.kv_store_f32
 attention_decode_f32 = _kernels.attention_decode_f32
 attention_decode_workspace_bytes = _kernels.attention_decode_workspace_bytes
 attention_prefill_f32 = _kernels.attention_prefill_f32
+attention_prefill_splits = _kernels.attention_prefill_splits
+attention_prefill_workspace_bytes = _kernels.attention_prefill_workspace_bytes
 argmax_f32 = _kernels.argmax_f32
 argmax_workspace_bytes = _kernels.argmax_workspace_bytes
 greedy_advance = _kernels.greedy_advance
@@ -65,10 +70,15 @@ __all__ = [
     "attention_decode_f32",
     "attention_decode_workspace_bytes",
     "attention_prefill_f32",
+    "attention_prefill_splits",
+    "attention_prefill_workspace_bytes",
     "embed_rows",
     "gelu_f32",
     "gemm",
     "gemm_group",
+    "gemm_splits",
+    "gemm_swiglu",
+    "gemm_workspace_bytes",
     "gemv",
     "gemv_geglu",
     "gemv_int8",

@@ -28,7 +28,7 @@ from minfer.backends.base import (
     check_states_fit,
     checked_inputs,
 )
-from minfer.backends.cuda.binders import BINDERS, Launch, attention_workspace_bytes, refuse, staging_copy
+from minfer.backends.cuda.binders import BINDERS, Launch, graph_workspace_bytes, refuse, staging_copy
 from minfer.backends.cuda.fuse import fuse
 from minfer.backends.cuda.memory import Readback, ScratchPool, StagingRing, WeightRegistry, allocate
 from minfer.backends.cuda.timing import OpTimer
@@ -64,8 +64,9 @@ class CudaCompiledGraph(CompiledGraph):
         self.inputs = {name: allocate(t.nbytes, f"input '{name}'") for name, t in graph.inputs.items()}
         self.argmax_out = allocate(4, "the argmax result")
         self.argmax_workspace: mk.DeviceBuffer | None = None  # sized by the first argmax
-        self.workspace = allocate(attention_workspace_bytes(graph.nodes), "the attention workspace")
-        self.attention_workspace = self.workspace.ptr
+        workspace = allocate(graph_workspace_bytes(graph.nodes, backend.multiprocessors), "the graph's workspace")
+        self.workspace_buffer = workspace  # held while the launches that read its address live
+        self.workspace, self.workspace_bytes = workspace.ptr, workspace.nbytes
         self.launches = [self.bind(node) for node in graph.nodes]
         self.runs = 0
         tokens = graph.inputs.get("tokens")
@@ -230,6 +231,7 @@ class CudaBackend(Backend):
         mk.set_device(device)
         info = mk.devices()[device]
         self.device_name = f"{info.name} (sm_{info.compute_capability[0]}{info.compute_capability[1]})"
+        self.multiprocessors = info.sm_count  # the count gemm's launcher reads too: it sizes the GEMM workspace
         self.stream_owner = mk.Stream()  # one non-blocking stream per backend: the order of all its work
         self.stream = self.stream_owner.handle
         self.weights = WeightRegistry(self.stream)

@@ -46,7 +46,8 @@ class Binding(Protocol):
     """What a binder reads of the compiled graph: where each tensor lives, and the backend's facts."""
 
     stream: int
-    attention_workspace: int
+    workspace: int  # the graph's one workspace (graph_workspace_bytes), its address and size
+    workspace_bytes: int
 
     def ptr(self, tensor: Tensor) -> int: ...
 
@@ -198,24 +199,60 @@ def matmul(b: Binding, node: Node) -> list[Launch]:
     kernel = matmul_kernel(node)
     if kernel == "gemv":
         return gemv(b, node)
+    if kernel == "gemm":
+        return gemm(b, node)
     x, weight = node.inputs
     out_features, in_features = weight.shape
     return launch(
-        b, getattr(mk.kernels, kernel), weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x),
-        y=b.ptr(node.output), in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
+        b, mk.kernels.matmul, weight=b.ptr(weight), type=b.weight_type(weight), x=b.ptr(x), y=b.ptr(node.output),
+        in_features=in_features, out_features=out_features, n_tokens=x.shape[0],
+    )  # fmt: skip
+
+
+def gemm_weights(node: Node) -> list[Tensor] | None:
+    """The weights of a node the tensor-core GEMM runs (a group's in part order), or None for any other node."""
+    if node.op in (FusedOp.GEMM, FusedOp.GEMM_GROUP):
+        return [t for name, t in zip(node.params["args"], node.inputs, strict=True) if name.startswith("weight")]
+    if node.op is Op.MATMUL and matmul_kernel(node) == "gemm":
+        return [node.inputs[1]]
+    return None
+
+
+def gemm(b: Binding, node: Node) -> list[Launch]:
+    """A prompt's product on the tensor cores: a MATMUL node, or a fused one with its bias and its residual add
+    (in place: the residual is in the output buffer)."""
+    named = named_inputs(b, node) if node.op is FusedOp.GEMM else {"x": b.ptr(node.inputs[0])}
+    x, weight, y = node.inputs[0], node.inputs[1], b.ptr(node.output)
+    return launch(
+        b, mk.kernels.gemm, weight=b.ptr(weight), type=b.weight_type(weight), x=named["x"], bias=named.get("bias"),
+        residual=y if "residual" in named else None, y=y, in_features=weight.shape[1], out_features=weight.shape[0],
+        n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
 
 
 def gemm_group(b: Binding, node: Node) -> list[Launch]:
-    x, *weights = node.inputs
+    """Each part's product, plus its bias where the node has one (`bias_<part>`)."""
+    named = named_inputs(b, node)
+    weights = gemm_weights(node)
+    x = node.inputs[0]
     parts: dict[str, object] = {}
     for part in range(GEMM_GROUP_PARTS):  # parts past the node's are absent
-        weight, y = (weights[part], node.outputs[part]) if part < len(weights) else (None, None)
-        parts[f"weight_{part}"], parts[f"y_{part}"] = (b.ptr(weight), b.ptr(y)) if weight is not None else (None, None)
-        parts[f"out_features_{part}"] = weight.shape[0] if weight is not None else 0
+        present = part < len(weights)
+        parts[f"weight_{part}"] = named.get(f"weight_{part}")
+        parts[f"bias_{part}"] = named.get(f"bias_{part}")
+        parts[f"y_{part}"] = b.ptr(node.outputs[part]) if present else None
+        parts[f"out_features_{part}"] = weights[part].shape[0] if present else 0
     return launch(
-        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=b.ptr(x), in_features=x.shape[1],
-        n_tokens=x.shape[0],
+        b, mk.kernels.gemm_group, **parts, type=b.weight_type(weights[0]), x=named["x"], in_features=x.shape[1],
+        n_tokens=x.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
+    )  # fmt: skip
+
+
+def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
+    x, gate = node.inputs[:2]
+    return launch(
+        b, mk.kernels.gemm_swiglu, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
+        in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0],
     )  # fmt: skip
 
 
@@ -279,7 +316,13 @@ def kv_store_f32(b: Binding, node: Node) -> list[Launch]:
 
 def attention(b: Binding, node: Node) -> list[Launch]:
     """One query token: attention_decode_f32, which reads the KV length from device memory, so the same
-    launch serves every step; more: attention_prefill_f32, causal by position."""
+    launch serves every step; more: attention_prefill_f32, causal by position.
+
+    A prompt's graph is compiled once per token count and run at any depth (the positions and KV length are
+    device data), so the host cannot give prefill the rows its last query sees: max_rows is the cache's n_ctx,
+    the bound every position keeps. It only sets how many slices the launch cuts the cache rows into
+    (attention_prefill_splits, at most one per 256 rows of n_ctx); each slice's rows come from the positions
+    on the device, so a prompt far below n_ctx leaves the last slices empty, and those blocks return at once."""
     check_heads(node)
     p = node.params
     if p["n_heads"] % p["n_kv_heads"]:
@@ -292,19 +335,52 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
     if q.shape[0] == 1:
         return launch(
-            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.attention_workspace,
+            b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.workspace,
             n_splits=DECODE_ATTENTION_SPLITS,
         )  # fmt: skip
-    return launch(b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0])
+    return launch(
+        b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0],
+        max_rows=cache_k.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
+    )  # fmt: skip
 
 
-def attention_workspace_bytes(nodes: list[Node]) -> int:
-    """Bytes of the workspace the graph's decode attention needs (0 without one)."""
-    decode = [n for n in nodes if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1]
-    if not decode:
-        return 0
-    p = decode[0].params
-    return mk.kernels.attention_decode_workspace_bytes(p["n_heads"], p["head_dim"], DECODE_ATTENTION_SPLITS)
+def prefill_attention_workspace_bytes(node: Node, multiprocessors: int) -> int:
+    """What a prompt's attention launch needs of the workspace (attention_prefill_workspace_bytes): its slices'
+    partial states where it splits the cache rows, with max_rows = n_ctx as the binder passes it."""
+    p, q, cache_k = node.params, node.inputs[0], node.inputs[1]
+    return mk.kernels.attention_prefill_workspace_bytes(
+        q.shape[0], p["n_heads"], p["head_dim"], cache_k.shape[0], multiprocessors
+    )
+
+
+def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
+    """Bytes of a graph's one workspace: the most any of its nodes needs, decode attention (its per-head
+    counters and split results), a GEMM that splits K (its slices' partial sums; gemm_workspace_bytes) or a
+    prompt's attention that splits the cache rows (its slices' partial states), on a GPU of `multiprocessors`
+    SMs. The launches follow each other on one stream, so one buffer serves them in turn: the GEMM's and
+    prefill attention's partials are written before they are read within a launch, whatever the buffer held.
+    Not with decode attention, though: its counters must stay zeroed from one launch to the next, and the
+    others' partials would overwrite them. Decode attention is a one-token graph's, prefill attention a
+    graph's of more tokens and the GEMM one's of GEMM_MIN_TOKENS or more, so no model's graph mixes them; one
+    that did is refused."""
+    decode = [
+        mk.kernels.attention_decode_workspace_bytes(n.params["n_heads"], n.params["head_dim"], DECODE_ATTENTION_SPLITS)
+        for n in nodes
+        if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1
+    ]
+    partials = []
+    for node in nodes:
+        if node.op is Op.ATTENTION and node.inputs[0].shape[0] > 1:
+            partials.append(prefill_attention_workspace_bytes(node, multiprocessors))
+        elif (weights := gemm_weights(node)) is not None:
+            out_features = [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
+            x = node.inputs[0]
+            partials.append(mk.kernels.gemm_workspace_bytes(*out_features, x.shape[1], x.shape[0], multiprocessors))
+        else:
+            continue
+        if partials[-1] and decode:
+            raise refuse(node, "it splits its work in a graph with decode attention, whose counters it would clobber")
+    return max([0, *decode, *partials])
 
 
 # -- the runtime's copies ----------------------------------------------------------------------------
@@ -346,5 +422,7 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
     FusedOp.SWIGLU_F32: swiglu_f32,
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
+    FusedOp.GEMM: gemm,
     FusedOp.GEMM_GROUP: gemm_group,
+    FusedOp.GEMM_SWIGLU: gemm_swiglu,
 }

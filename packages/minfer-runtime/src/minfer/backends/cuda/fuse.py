@@ -36,7 +36,9 @@ class FusedOp(enum.Enum):
     #                                        the same of k (k_norm) in its cache row at positions[0]
     SWIGLU_F32 = "swiglu_f32"  # silu(gate) * up, in place into gate
     RMS_NORM_ADD_F32 = "rms_norm_add_f32"  # y + rms_norm(x, g), in place into y (Gemma's post-block norms)
-    GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x, one launch
+    GEMM = "gemm"  # a prompt's tensor-core matmul(x, W) (+ b) (+ the residual r, in place into r): r + (x W + b)
+    GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x (+ b_p each), one launch
+    GEMM_SWIGLU = "gemm_swiglu"  # a prompt's silu(matmul(x, Wgate)) * matmul(x, Wup), on the tensor cores
 
 
 # From this many tokens on, a matmul runs the tensor-core GEMM instead of the matmul kernel. Measured on
@@ -64,7 +66,9 @@ def matmul_kernel(node: Node) -> str:
 def fuse(graph: Graph, weight_type: WeightType) -> Graph:
     """`graph` with every group of nodes a rule matches replaced by its fused node, the rules in order."""
     nodes = drop_single_last_row(graph)
-    for rule in (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_norm_add, fuse_gemm_groups):
+    rules = (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_norm_add, fuse_gemm_groups,
+             fuse_gemm_epilogues, fuse_gemm_swiglu)  # fmt: skip
+    for rule in rules:
         rewrite = Rewrite(nodes, {t.name for t in graph.outputs.values()})
         rule(rewrite, weight_type)
         nodes = rewrite.result()
@@ -93,11 +97,32 @@ class Rewrite:
             return readers[0]
         return None
 
+    def bias_add(self, tensor: Tensor) -> Node | None:
+        """The add_bias in place on `tensor`, its sole reader, of a bias as long as its rows."""
+        add = self.sole_reader(tensor, Op.ADD_BIAS)
+        if add is not None and add.inplace_input == 0 and add.inputs[1].shape == tensor.shape[-1:]:
+            return add
+        return None
+
+    def residual_add(self, tensor: Tensor) -> Node | None:
+        """The add of `tensor` into the residual stream, its sole reader: in place into the other operand, of
+        `tensor`'s shape."""
+        add = self.sole_reader(tensor, Op.ADD)
+        if add is None:
+            return None
+        residual = add.inputs[add.inplace_input]
+        if add.inputs[1 - add.inplace_input].name != tensor.name or residual.shape != tensor.shape:
+            return None
+        return add
+
     def projection_chain(self, matmul: Node) -> list[Node]:
-        """The matmul, then its add_bias in place, an rms_norm (Qwen3's and Gemma 3's per-head q_norm and k_norm)
+        """The matmul, then its add_bias (bias_add), an rms_norm (Qwen3's and Gemma 3's per-head q_norm and k_norm)
         and its rope in place, each where it is the sole reader of the last."""
         chain = [matmul]
-        for op in (Op.ADD_BIAS, Op.RMS_NORM, Op.ROPE):
+        bias = self.bias_add(matmul.output)
+        if bias is not None:
+            chain.append(bias)
+        for op in (Op.RMS_NORM, Op.ROPE):
             follower = self.sole_reader(chain[-1].output, op)
             if follower is not None and (op is Op.RMS_NORM or follower.inplace_input == 0):
                 chain.append(follower)
@@ -279,8 +304,8 @@ def fuse_gemv(g: Rewrite, weight_type: WeightType) -> None:
             args.append("norm_weight")
             fields["params"] = {"eps": norm.params["eps"]}
         output = matmul.output
-        add = g.sole_reader(matmul.output, Op.ADD)
-        if add is not None and add.inputs[1 - add.inplace_input].name == matmul.output.name:
+        add = g.residual_add(matmul.output)
+        if add is not None:
             members.append(add)
             inputs.append(add.inputs[add.inplace_input])
             args.append("residual")
@@ -337,3 +362,52 @@ def fuse_gemm_groups(g: Rewrite, weight_type: WeightType) -> None:
                       ("x", *(f"weight_{part}" for part in range(len(run)))),
                       more_outputs=[m.output for m in run[1:]])  # fmt: skip
         run = [node] if on_tensor_cores(node) else []
+
+
+def fuse_gemm_epilogues(g: Rewrite, weight_type: WeightType) -> None:
+    """A prompt's tensor-core products with the adds after them, which the GEMM's epilogue makes as it stores y:
+    each product's add_bias in place on it (Qwen2's q, k and v: bias_add), and after a lone product the add into
+    the residual (attn_output and ffn_down: residual_add), y = r + (x W + b), the unfused order. A group keeps its
+    op and takes each part's bias; a lone matmul with either becomes a gemm node, in place into the residual."""
+    for node in g.nodes:
+        lone = node.op is Op.MATMUL and matmul_kernel(node) == "gemm"
+        if node.op is not FusedOp.GEMM_GROUP and not lone:
+            continue
+        members, outputs, biases, bias_args = [node], [], [], []
+        for part, product in enumerate(node.outputs):
+            add = g.bias_add(product)
+            if add is not None:
+                members.append(add)
+                biases.append(add.inputs[1])
+                bias_args.append("bias" if lone else f"bias_{part}")
+            outputs.append(add.output if add is not None else product)
+        if not lone:
+            if biases:
+                g.replace(members, FusedOp.GEMM_GROUP, [*node.inputs, *biases], outputs[0],
+                          (*node.params["args"], *bias_args), more_outputs=outputs[1:])  # fmt: skip
+            continue
+        inputs, args, fields = [*node.inputs, *biases], ["x", "weight", *bias_args], {}
+        add = g.residual_add(outputs[0])
+        if add is not None:
+            members.append(add)
+            inputs.append(add.inputs[add.inplace_input])
+            args.append("residual")
+            outputs[0], fields["inplace_input"] = add.output, len(inputs) - 1
+        if len(members) > 1:
+            g.replace(members, FusedOp.GEMM, inputs, outputs[0], tuple(args), **fields)
+
+
+def fuse_gemm_swiglu(g: Rewrite, weight_type: WeightType) -> None:
+    """A prompt's gate|up group (two parts, no bias) whose products only swiglu_f32 reads: one gemm_swiglu, whose
+    tiles hold each feature's gate and up rows side by side, so the SwiGLU is its epilogue and neither product
+    is ever stored."""
+    for group in g.nodes:
+        if group.op is not FusedOp.GEMM_GROUP or group.params["args"] != ("x", "weight_0", "weight_1"):
+            continue
+        swiglu = g.sole_reader(group.outputs[0], FusedOp.SWIGLU_F32)
+        if swiglu is None or g.sole_reader(group.outputs[1], FusedOp.SWIGLU_F32) is not swiglu:
+            continue
+        weights = dict(zip((t.name for t in group.outputs), group.inputs[1:], strict=True))
+        gate, up = (weights[t.name] for t in swiglu.inputs)
+        g.replace([group, swiglu], FusedOp.GEMM_SWIGLU, [group.inputs[0], gate, up], swiglu.output,
+                  ("x", "gate", "up"))  # fmt: skip
