@@ -99,8 +99,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-# 2. Build for this GPU. Without build isolation: the machine's scikit-build-core, nanobind, cmake, ninja.
+# 2. Build for this GPU. Without build isolation: the machine's scikit-build-core, nanobind, cmake, ninja. The build
+# folder stays (SKBUILD_BUILD_DIR, default build/skbuild, ignored): a later call on the same machine recompiles only
+# what changed (5-7 s on the H200 instead of 60-75 s).
 export MINFER_CUDA_ARCHS=${MINFER_CUDA_ARCHS:-native}
+export SKBUILD_BUILD_DIR=${SKBUILD_BUILD_DIR:-$PWD/build/skbuild}
 if ! run_step "build minfer-kernels (MINFER_CUDA_ARCHS=$MINFER_CUDA_ARCHS)" build.log \
     "$PYTHON" -m pip install -v --no-build-isolation --no-deps ./packages/minfer-kernels; then
     print_summary
