@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from quant_presets import llama_rates, minfer_rates, quantize
+from quant_presets import llama_rates, minfer_rates, quantize, ratio
 
 from minfer.testing.synthetic import PRESETS, write_synthetic_model
 
@@ -52,9 +52,9 @@ def main() -> int:
                 ours = minfer_rates(path, args.backend, *flags)
                 theirs = llama_rates(args.llama_bin / "llama-bench", path, *flags[:2])
                 for test, rate in ours.items():
-                    other = theirs.get(test)
-                    ratio = f"{rate / other:.2f}x" if other else "n/a"
-                    print(f"| {shape} | {weight_type} | {test} | {rate:.0f} | {other or 0:.0f} | {ratio} |", flush=True)
+                    other = theirs.get(test, 0)
+                    rates = f"{rate:.0f} | {other:.0f} | {ratio(rate, other)}"
+                    print(f"| {shape} | {weight_type} | {test} | {rates} |", flush=True)
     return 0
 
 

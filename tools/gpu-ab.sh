@@ -55,9 +55,12 @@ PACKAGES="./packages/minfer-runtime"
 # shellcheck disable=SC2086 # PACKAGES is a list of paths
 "$PYTHON" -m pip install -q --no-build-isolation --no-deps $PACKAGES > "$LOGS/build-after.log" 2>&1 \
     || { tail -30 "$LOGS/build-after.log"; exit 1; }
+# REV's build gets a folder of its own where SKBUILD_BUILD_DIR keeps this tree's (one CMake folder serves one source).
+BEFORE_BUILD=()
+[ -n "${SKBUILD_BUILD_DIR:-}" ] && BEFORE_BUILD=(env "SKBUILD_BUILD_DIR=$SKBUILD_BUILD_DIR-before")
 # shellcheck disable=SC2086
-(cd "$BASE" && "$PYTHON" -m pip install -q --no-build-isolation --no-deps --upgrade --target /tmp/base-site \
-    $PACKAGES) > "$LOGS/build-before.log" 2>&1 || { tail -30 "$LOGS/build-before.log"; exit 1; }
+(cd "$BASE" && "${BEFORE_BUILD[@]}" "$PYTHON" -m pip install -q --no-build-isolation --no-deps --upgrade \
+    --target /tmp/base-site $PACKAGES) > "$LOGS/build-before.log" 2>&1 || { tail -30 "$LOGS/build-before.log"; exit 1; }
 BEFORE_PATH=/tmp/base-site${PYTHONPATH:+:$PYTHONPATH}
 
 if [ -z "${MINFER_AB_MODELS:-}" ]; then

@@ -104,6 +104,11 @@ def llama_rates(llama_bench: Path, path: Path, *flags: str) -> dict[str, float]:
     return rates
 
 
+def ratio(ours: float, theirs: float) -> str:
+    """minfer's rate over llama.cpp's, as the tables print it: three decimals, so that 1.499 does not read as 1.50."""
+    return f"{ours / theirs:.3f}x" if theirs else "n/a"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-quantize", type=Path, required=True)
@@ -130,11 +135,11 @@ def main() -> int:
         paths = {preset: quantize(args.llama_quantize, args.check_f16, preset, args.workdir) for preset in presets}
         checks = check_all(paths, args.backend, min(args.check_jobs, len(presets)))
     failed = False
-    print(f"| preset | {args.backend} vs cpu: max logit error | continuations off the CPU's | pp512 | tg128 "
-          "| llama.cpp pp512 | llama.cpp tg128 |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| preset | {args.backend} vs cpu: max logit error | continuations off the CPU's | pp512 | llama.cpp pp512 "
+          "| pp ratio | tg128 | llama.cpp tg128 | tg ratio |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset in presets:
-        cells = [""] * 6
+        cells = [""] * 8
         if preset in checks:
             error, diverged = checks[preset]
             failed |= error >= MAX_LOGIT_ERROR or diverged > 0
@@ -142,10 +147,11 @@ def main() -> int:
         if args.bench_f16 is not None:
             path = quantize(args.llama_quantize, args.bench_f16, preset, args.workdir)
             ours = minfer_rates(path, args.backend)
-            cells[2:4] = [f"{ours.get('pp512', 0):.0f}", f"{ours.get('tg128', 0):.0f}"]
-            if args.llama_bench is not None:
-                theirs = llama_rates(args.llama_bench, path)
-                cells[4:6] = [f"{theirs.get('pp512', 0):.0f}", f"{theirs.get('tg128', 0):.0f}"]
+            theirs = llama_rates(args.llama_bench, path) if args.llama_bench is not None else {}
+            for column, test in ((2, "pp512"), (5, "tg128")):
+                cells[column] = f"{ours.get(test, 0):.0f}"
+                if test in theirs:
+                    cells[column + 1 : column + 3] = [f"{theirs[test]:.0f}", ratio(ours.get(test, 0), theirs[test])]
         print(f"| {preset} | " + " | ".join(cells) + " |", flush=True)
     return 1 if failed else 0
 

@@ -22,6 +22,12 @@ constexpr unsigned FULL_WARP = 0xffffffffu;
 // why every kernel guards its index.
 __host__ __device__ constexpr int ceil_div(int n, int block) { return (n + block - 1) / block; }
 
+// The shared-memory address (a 32-bit window offset) that PTX's shared-state instructions take, of a generic
+// pointer into shared memory.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // Sum of `value` over the 32 lanes of a warp; every lane gets the result. Butterfly (xor) shuffles: five
 // register exchanges, no shared memory. The whole warp must call it.
 __device__ __forceinline__ float warp_sum(float value) {

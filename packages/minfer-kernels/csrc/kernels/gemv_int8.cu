@@ -57,6 +57,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "bulk_copy.cuh"
 #include "common.cuh"
 #include "gemv_epilogues.cuh"
 #include "ggml_formats.cuh"
@@ -422,81 +423,9 @@ struct QuantizedX {
     }
 };
 
-// ---- The sm_90 instructions ---------------------------------------------------------------------------------
-//
-// Each wrapper compiles to its instruction on sm_90+ and to a trap elsewhere: the kernel is compiled for every
-// architecture of the fat binary, and gemv_int8_takes launches it only on sm_90+.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MINFER_SM90 1
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-#else
-#define MINFER_SM90 0
-#endif
-
-// A stage's barrier (mbarrier) expecting `count` arrivals a phase (and, for `full`, the bytes its copies bring).
-// Made visible to the copy engine by the fence, and to the other threads by a __syncthreads that follows.
-__device__ __forceinline__ void init_arrival(std::uint64_t* barrier, unsigned count) {
-#if MINFER_SM90
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(count));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-// The stage's one arrival, announcing the bytes its copies will bring (before any of them is issued).
-__device__ __forceinline__ void expect_bytes(std::uint64_t* barrier, unsigned bytes) {
-#if MINFER_SM90
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
-                 : "memory");
-#else
-    __trap();
-#endif
-}
-
-// One arrival on `barrier` (a consumer warp's, done with a stage).
-__device__ __forceinline__ void arrive(std::uint64_t* barrier) {
-#if MINFER_SM90
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(barrier)) : "memory");
-#else
-    __trap();
-#endif
-}
-
 // The consumer warps' barrier (named barrier 1): the producer goes its own way.
 __device__ __forceinline__ void sync_consumers() {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * WARP_SIZE) : "memory");
-}
-
-// `bytes` (a multiple of 16) from `source` to `target` (both 16-byte aligned), completing on `barrier`.
-__device__ __forceinline__ void copy_async(std::uint8_t* target, const std::uint8_t* source, unsigned bytes,
-                                           std::uint64_t* barrier) {
-#if MINFER_SM90
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            shared_address(target)),
-        "l"(source), "r"(bytes), "r"(shared_address(barrier))
-        : "memory");
-#else
-    __trap();
-#endif
-}
-
-__device__ __forceinline__ void wait_arrival(std::uint64_t* barrier, unsigned parity) {
-#if MINFER_SM90
-    unsigned done = 0;
-    do {
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-            : "=r"(done)
-            : "r"(shared_address(barrier)), "r"(parity)
-            : "memory");
-    } while (!done);
-#else
-    __trap();
-#endif
 }
 
 // d = a b + c over one 16 x 8 x 32 tile: A 16 x 32 int8 (row), B 32 x 8 int8 (column), int32 sums. Lane

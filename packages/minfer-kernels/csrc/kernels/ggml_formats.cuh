@@ -168,6 +168,23 @@ __host__ __device__ __forceinline__ void q4_k_scale_min(const std::uint8_t* scal
     q4_k_scale_min(scales[j], scales[j + 4], scales[j + 8], s >= 4, scale, min);
 }
 
+// The same rule for the two neighbouring sub-blocks 2p and 2p + 1 (p < 4) at once, their 12 scale bytes held as 3
+// little-endian words: their scales in bytes 0 and 1 of `scales`, their mins in bytes 0 and 1 of `mins` (bytes 2
+// and 3 zero). Sub-blocks 2p and 2p + 1 read neighbouring bytes (j = 2(p % 2) and j + 1), so each byte-wise step
+// of q4_k_scale_min is one operation on the pair's 16 bits (a lane of gemv.cu decodes its two sub-blocks so, as
+// llama.cpp's vec_dot_q4_K_q8_1 does, instead of a byte at a time).
+__host__ __device__ __forceinline__ void q4_k_scale_min_pair(const std::uint32_t (&words)[3], int p,
+                                                             std::uint32_t& scales, std::uint32_t& mins) {
+    const int shift = 16 * (p % 2);
+    const std::uint32_t first = (words[0] >> shift) & 0xFFFFu;
+    const std::uint32_t second = (words[1] >> shift) & 0xFFFFu;
+    const std::uint32_t third = (words[2] >> shift) & 0xFFFFu;
+    // Both forms, then a select: the halves of a warp take different ones, and a branch would run both in turn.
+    const bool last_four = p >= 2;
+    scales = last_four ? (third & 0x0F0Fu) | ((first & 0xC0C0u) >> 2) : first & 0x3F3Fu;
+    mins = last_four ? ((third >> 4) & 0x0F0Fu) | ((second & 0xC0C0u) >> 2) : second & 0x3F3Fu;
+}
+
 // The 6-bit scale of sub-block s < 16 of a Q3_K super-block, minus its zero point 32: the low four bits are
 // nibble s / 8 of scales[s % 8], the top two bits pair s / 4 of scales[8 + s % 4] (ggml's dequantize_row_q3_K
 // unpacks all sixteen at once the same way). This form takes the two bytes sub-block s reads:
@@ -178,6 +195,16 @@ __host__ __device__ __forceinline__ int q3_k_scale(std::uint8_t low_byte, std::u
 
 __host__ __device__ __forceinline__ int q3_k_scale(const std::uint8_t* scales, int s) {
     return q3_k_scale(scales[s % 8], scales[8 + s % 4], s);
+}
+
+// The same rule for sub-blocks s and s + 2 at once (s % 4 < 2: they read bytes s % 4 and s % 4 + 2 of the same two
+// words, with the same shifts): `low_word` = scales[s % 8 - s % 4 .. + 3], `high_word` = scales[8 .. 11] as
+// little-endian words. Their scales plus 32 (6 bits, unsigned) come back in bytes 0 and 2, bytes 1 and 3 zero.
+__host__ __device__ __forceinline__ std::uint32_t q3_k_scale_pair(std::uint32_t low_word, std::uint32_t high_word,
+                                                                  int s) {
+    const int byte_shift = 8 * (s % 4);
+    return ((low_word >> (byte_shift + 4 * (s / 8))) & 0x000F000Fu) |
+           (((high_word >> (byte_shift + 2 * (s / 4))) & 0x00030003u) << 4);
 }
 
 // The 6-bit scale of sub-block s < 8 of an IQ4_XS super-block, minus its zero point 32, from scales_h and the

@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "common.cuh"
+
 namespace minfer {
 
 __device__ __forceinline__ std::uint32_t half2_to_bits(__half2 pair) {
@@ -29,10 +31,6 @@ __device__ __forceinline__ std::uint32_t half2_to_bits(__half2 pair) {
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-
-__device__ __forceinline__ unsigned shared_address(const __half* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
 
 // Four 8 x 8 f16 matrices from shared memory, each row 16 contiguous bytes (16-byte aligned). Lane l gives
 // the address of row l % 8 of matrix l / 8 and receives in out[i], of matrix i, the two values of row l / 4
