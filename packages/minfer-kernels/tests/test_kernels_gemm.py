@@ -17,6 +17,9 @@ Error bounds. The kernel rounds both operands to f16 (unit roundoff u = 2^-11) a
                  0.3u per operand), so the typical error is ~3e-4 of the output. This is the check that
                  catches a misplaced weight or token: one wrong product in a row of 896 moves that row by
                  ~2%, far beyond 1e-3, while it could hide inside the worst-case elementwise bound.
+BF16 weights multiply as bf16: W exact, x rounded to bf16 (u = 2^-9), so the elementwise bound is 2^-8 (2^-9 from
+x's rounding plus the same float32 accumulation, a factor ~1.7 of margin) and the overall one 4e-3 (typical
+~0.3 * 2^-9 ~ 6e-4 of the output, the same margin as f16's; a wrong product's ~2% still shows).
 """
 
 from __future__ import annotations
@@ -44,8 +47,14 @@ from minfer_kernels import kernels
 
 pytestmark = requires_gpu
 
-ELEMENTWISE_RTOL = 2.0**-9
-NORM_RTOL = 1e-3
+
+def elementwise_rtol(ggml_type: mk.GGMLType) -> float:
+    return 2.0**-8 if ggml_type == mk.GGMLType.BF16 else 2.0**-9
+
+
+def norm_rtol(ggml_type: mk.GGMLType) -> float:
+    return 4e-3 if ggml_type == mk.GGMLType.BF16 else 1e-3
+
 
 _session_rng = np.random.default_rng(int(os.environ.get("MINFER_TEST_SEED") or secrets.randbits(32)))
 
@@ -96,13 +105,14 @@ def run_gemm(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raw: np.ndarray, x:
     return from_device(y, (n_tokens, out_features), np.float32, stream)
 
 
-def assert_gemm_close(got: np.ndarray, values: np.ndarray, x: np.ndarray, what: str) -> None:
+def assert_gemm_close(got: np.ndarray, values: np.ndarray, x: np.ndarray, ggml_type: mk.GGMLType, what: str) -> None:
     w64, x64 = values.astype(np.float64), x.astype(np.float64)
     expected = x64 @ w64.T
     condition = np.abs(x64) @ np.abs(w64).T  # sum_i |W[o,i] x[t,i]|
-    assert_close(got, expected, ELEMENTWISE_RTOL, scale=condition, what=what)
+    assert_close(got, expected, elementwise_rtol(ggml_type), scale=condition, what=what)
     relative = np.linalg.norm(got - expected) / np.linalg.norm(expected)
-    assert relative <= NORM_RTOL, f"{what}: ||y - y_ref|| / ||y_ref|| = {relative:.3g} > {NORM_RTOL:g}"
+    bound = norm_rtol(ggml_type)
+    assert relative <= bound, f"{what}: ||y - y_ref|| / ||y_ref|| = {relative:.3g} > {bound:g}"
 
 
 @pytest.mark.parametrize("n_tokens", TOKENS)
@@ -112,7 +122,7 @@ def test_gemm_matches_float64(rng, stream, dev, ggml_type, shape, n_tokens):
     raw, values = weights(ggml_type, out_features, in_features)
     x = randn(rng, n_tokens, in_features)
     got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
-    assert_gemm_close(got, values, x, f"gemm {ggml_type.name} {in_features}->{out_features} x{n_tokens}")
+    assert_gemm_close(got, values, x, ggml_type, f"gemm {ggml_type.name} {in_features}->{out_features} x{n_tokens}")
 
 
 def test_gemm_of_a_vocabulary_wide_weight(rng, stream, dev):
@@ -120,7 +130,7 @@ def test_gemm_of_a_vocabulary_wide_weight(rng, stream, dev):
     raw, values = weights(mk.GGMLType.Q8_0, 151936, 128)
     x = randn(rng, 33, 128)
     got = run_gemm(stream, dev, mk.GGMLType.Q8_0, raw, x, 151936)
-    assert_gemm_close(got, values, x, "gemm Q8_0 128->151936 x33")
+    assert_gemm_close(got, values, x, mk.GGMLType.Q8_0, "gemm Q8_0 128->151936 x33")
 
 
 def test_gemm_agrees_with_matmul(rng, stream, dev):
@@ -131,9 +141,9 @@ def test_gemm_agrees_with_matmul(rng, stream, dev):
     y = poisoned((64, 4864), np.float32, stream)
     kernels.matmul(dev(raw), mk.GGMLType.Q4_0, dev(x), y.ptr, 896, 4864, 64, stream.handle)
     by_matmul = from_device(y, (64, 4864), np.float32, stream)
-    assert_gemm_close(by_gemm, values, x, "gemm")
+    assert_gemm_close(by_gemm, values, x, mk.GGMLType.Q4_0, "gemm")
     condition = np.abs(x.astype(np.float64)) @ np.abs(values.astype(np.float64)).T
-    assert_close(by_gemm, by_matmul, ELEMENTWISE_RTOL, scale=condition, what="gemm vs matmul")
+    assert_close(by_gemm, by_matmul, elementwise_rtol(mk.GGMLType.Q4_0), scale=condition, what="gemm vs matmul")
 
 
 # (type, in_features, the parts' out_features): Qwen2.5-0.5B's q|k|v (896 -> 896, 128, 128) in the types of
@@ -184,7 +194,7 @@ def test_gemm_group_equals_one_gemm_per_part(rng, stream, dev, ggml_type, in_fea
         alone = run_gemm(stream, dev, ggml_type, raw, x, n)
         if splits(parts, in_features, n_tokens) == splits((n,), in_features, n_tokens):
             assert np.array_equal(part, alone), f"part of {n} outputs differs from its own gemm"
-        assert_gemm_close(part, value, x, f"gemm_group {ggml_type.name} part {in_features}->{n} x{n_tokens}")
+        assert_gemm_close(part, value, x, ggml_type, f"gemm_group {ggml_type.name} part {in_features}->{n} x{n_tokens}")
 
 
 # Products that cut K into slices on an H200 (132 SMs), in every type the tests above cover: Qwen2.5-0.5B's
@@ -206,7 +216,7 @@ def test_split_gemm_matches_float64_and_repeats_to_the_bit(rng, stream, dev, ggm
     got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
     slices = splits((out_features,), in_features, n_tokens)
     what = f"gemm {ggml_type.name} {in_features}->{out_features} x{n_tokens} in {slices} slices"
-    assert_gemm_close(got, values, x, what)
+    assert_gemm_close(got, values, x, ggml_type, what)
     assert np.array_equal(run_gemm(stream, dev, ggml_type, raw, x, out_features), got), f"{what}: a rerun differs"
 
 
@@ -220,7 +230,7 @@ def test_split_gemm_group_of_three_parts(rng, stream, dev, ggml_type, n_tokens):
     grouped = run_gemm_group(stream, dev, ggml_type, raws, x, SPLIT_GROUP)
     what = f"gemm_group {ggml_type.name} x{n_tokens} in {splits(SPLIT_GROUP, in_features, n_tokens)} slices"
     for value, part, n in zip(values, grouped, SPLIT_GROUP, strict=True):
-        assert_gemm_close(part, value, x, f"{what}: part {in_features}->{n}")
+        assert_gemm_close(part, value, x, ggml_type, f"{what}: part {in_features}->{n}")
     again = run_gemm_group(stream, dev, ggml_type, raws, x, SPLIT_GROUP)
     assert all(np.array_equal(a, b) for a, b in zip(again, grouped, strict=True)), f"{what}: a rerun differs"
 
@@ -305,10 +315,10 @@ def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_typ
     """gemm_swiglu against the float64 SwiGLU of the float64 products, and, where the gate|up group does not cut
     K (its sums then add up in the same order as gemm_swiglu's), against gemm_group then swiglu_f32 to the bit.
 
-    Error bound: the products carry the GEMM's error, at most 2^-9 sum_i |W[f,i] x[t,i]| (C_gate, C_up), and
-    |silu'| < 1.1, so |h - h_ref| <= 2^-9 (1.1 C_gate |up| + |silu(gate)| C_up + 1.1 2^-9 C_gate C_up), the last
-    term the product of the two errors, plus float32 roundings of the SwiGLU itself, a few units of 2^-24 |h|
-    (within the 2^-9 |h| added to the scale)."""
+    Error bound: the products carry the GEMM's error, at most r sum_i |W[f,i] x[t,i]| (C_gate, C_up; r the
+    elementwise bound, 2^-9 or BF16's 2^-8), and |silu'| < 1.1, so |h - h_ref| <= r (1.1 C_gate |up| +
+    |silu(gate)| C_up + 1.1 r C_gate C_up), the last term the product of the two errors, plus float32 roundings of
+    the SwiGLU itself, a few units of 2^-24 |h| (within the r |h| added to the scale)."""
     in_features, d_ff = shape
     (gate_raw, gate), (up_raw, up) = (weights(ggml_type, d_ff, in_features, draw) for draw in range(2))
     x = randn(rng, n_tokens, in_features)
@@ -321,10 +331,11 @@ def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_typ
     condition_gate = np.abs(x64) @ np.abs(gate.astype(np.float64)).T
     condition_up = np.abs(x64) @ np.abs(up.astype(np.float64)).T
     expected = silu(g64) * u64
-    scale = 1.1 * condition_gate * (np.abs(u64) + ELEMENTWISE_RTOL * condition_up)
+    rtol = elementwise_rtol(ggml_type)
+    scale = 1.1 * condition_gate * (np.abs(u64) + rtol * condition_up)
     scale += np.abs(silu(g64)) * condition_up + np.abs(expected)
     what = f"gemm_swiglu {ggml_type.name} {in_features}->{d_ff} x{n_tokens}"
-    assert_close(got, expected, ELEMENTWISE_RTOL, scale=scale, what=what)
+    assert_close(got, expected, rtol, scale=scale, what=what)
     if splits((d_ff, d_ff), in_features, n_tokens) == 1:
         gate_out, up_out = run_gemm_group(stream, dev, ggml_type, (gate_raw, up_raw), x, (d_ff, d_ff))
         out = mk.upload(gate_out, stream.handle)

@@ -4,13 +4,19 @@
 // With n_tokens = M, out_features = N and in_features = K, this is a GEMM of M x N x K multiply-adds. At
 // prefill sizes (M = 512, N = 4864, K = 896) it has far more arithmetic than memory traffic: 4.5 GFLOP over
 // 2.5 MB of Q4_0 weights. The CUDA cores' float32 FMAs top out near 60 TFLOP/s on an H200; its tensor cores
-// do f16 products with float32 sums an order of magnitude faster, so both operands go through f16:
+// do 16-bit products with float32 sums an order of magnitude faster, so both operands go through f16:
 //
 //   - W, in its GGUF bytes (ggml_formats.cuh), is decoded to f16 on its way into shared memory:
 //     f16(d * q), one rounding of the float32 weight gguf.quants decodes (relative error <= 2^-11);
 //   - x, float32, is rounded to f16 on its way into shared memory (relative error <= 2^-11, and f16's
 //     range: |x| beyond 65504 becomes infinite, which then shows in y rather than being hidden);
 //   - the tensor cores multiply the f16 tiles and accumulate in float32 registers.
+//
+// BF16 weights go through bf16 instead (Operand): W's bytes are stored as they are (exact, no decode, and
+// no f16 overflow of bfloat16's range), x is rounded to bf16 (relative error <= 2^-9: four times f16's, the
+// price of bf16's range), and the tensor cores multiply bf16 — the arithmetic llama.cpp's own BF16 GEMM does
+// (cuBLAS on bf16 operands, x converted to bf16). Decoding each weight to f16 instead cost a float conversion
+// per pair of weights on top of x's, which made the narrow products 22-33% slower than F16's (H200).
 //
 // Work split. The block computes a BM x BN tile of y (BM tokens by BN output features), walking K in
 // steps of 32 (one quantized block per weight row per step; for the K-quants and IQ4_XS, the 32-value slice
@@ -34,12 +40,14 @@
 // thread's accumulators hold both sums of its features, and the store is h = silu(gate) * up.
 //
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
-// multiplies with mma.sync.m16n8k16 (f16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That instruction
-// set exists from sm_80; sm_75 has the k8 half of it (two m16n8k8 do one m16n8k16, with the same fragment
-// layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build) take a scalar path through the
-// same shared-memory tiles. Every compiled architecture computes the same function.
+// multiplies with mma.sync.m16n8k16 (f16 or bf16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That
+// instruction set exists from sm_80; sm_75 has the k8 half of it for f16 only (two m16n8k8 do one m16n8k16,
+// with the same fragment layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build), and sm_75
+// for bf16, take a scalar path through the same shared-memory tiles. Every compiled architecture computes the
+// same function.
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "common.cuh"
 #include "ggml_formats.cuh"
@@ -565,30 +573,6 @@ struct IQ4_XSTile {
     }
 };
 
-struct BF16Tile {
-    static constexpr int PART_STRIDE = 16;
-    static constexpr int RUN_STRIDE = 8;
-    struct Raw {
-        uint4 values[2];
-    };
-    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
-        // Rows of 32k bfloat16 are 64-byte multiples; the launcher checked the base is 16-byte aligned.
-        const uint4* vectors = reinterpret_cast<const uint4*>(row) + 4 * block + 2 * part;
-        return {{vectors[0], vectors[1]}};
-    }
-    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
-        // bfloat16 to float is exact, and so is float to f16 within f16's normal range (bfloat16's 8
-        // significant bits fit f16's 11); below 2^-14 the value rounds to f16's steps of 2^-24, beyond 65504 it
-        // becomes infinite, as F32Tile's do.
-        const std::uint32_t pairs[8] = {raw.values[0].x, raw.values[0].y, raw.values[0].z, raw.values[0].w,
-                                        raw.values[1].x, raw.values[1].y, raw.values[1].z, raw.values[1].w};
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-            words[n] = half2_to_bits(
-                __floats2half2_rn(bf16_bits_to_float(pairs[n] & 0xFFFF), __uint_as_float(pairs[n] & 0xFFFF0000u)));
-    }
-};
-
 struct F16Tile {
     static constexpr int PART_STRIDE = 16;
     static constexpr int RUN_STRIDE = 8;
@@ -614,6 +598,9 @@ struct F16Tile {
     }
 };
 
+// bfloat16 weights, stored to shared memory as they are: the tensor cores multiply them as bf16 (OperandOf).
+struct BF16Tile : F16Tile {};
+
 struct F32Tile {
     static constexpr int PART_STRIDE = 16;
     static constexpr int RUN_STRIDE = 8;
@@ -633,7 +620,30 @@ struct F32Tile {
     }
 };
 
-// ---- One step's tiles: global -> registers -> f16 in shared memory -----------------------------------------
+// The type the tensor cores multiply, in shared memory: f16 for every format but BF16 (see the header).
+template <class Format>
+struct OperandOf {
+    using type = __half;
+};
+template <>
+struct OperandOf<BF16Tile> {
+    using type = __nv_bfloat16;
+};
+template <class Format>
+using Operand = typename OperandOf<Format>::type;
+
+// Two floats rounded to the Operand pair of one 32-bit word of a shared-memory tile, the first in the low half.
+template <class Op>
+__device__ __forceinline__ std::uint32_t round_pair(float low, float high) {
+    if constexpr (std::is_same_v<Op, __nv_bfloat16>) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+        return *reinterpret_cast<const std::uint32_t*>(&pair);
+    } else {
+        return half2_to_bits(__floats2half2_rn(low, high));
+    }
+}
+
+// ---- One step's tiles: global -> registers -> Operand in shared memory -------------------------------------
 
 // The registers one thread carries from step 1 (load) to step 3 (decode and store) of a K step.
 template <class Tiles, class Format>
@@ -694,15 +704,15 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
 }
 
 template <bool PAIRED, class Tiles, class Format>
-__device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& regs, __half* x_tile, __half* w_tile,
-                                           int rows_left) {
+__device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& regs, Operand<Format>* x_tile,
+                                           Operand<Format>* w_tile, int rows_left) {
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
         const float4 four = regs.x[v];
         uint2 halves;
-        halves.x = half2_to_bits(__floats2half2_rn(four.x, four.y));
-        halves.y = half2_to_bits(__floats2half2_rn(four.z, four.w));
+        halves.x = round_pair<Operand<Format>>(four.x, four.y);
+        halves.y = round_pair<Operand<Format>>(four.z, four.w);
         *reinterpret_cast<uint2*>(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 4) = halves;
     }
 #pragma unroll
@@ -712,20 +722,22 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
         const int part = i % 2;
         std::uint32_t words[8] = {};  // rows past out_features multiply as zeros
         if (tile_feature<PAIRED>(row) < rows_left) Format::decode(regs.w[p], words);
-        __half* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
+        Operand<Format>* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
         *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
         *reinterpret_cast<uint4*>(out + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
     }
 }
 
 // ---- The tensor-core step: a warp's accumulators += its x rows (A) times its W rows (B) ---------------------
+//
+// acc[i][j] is the 16 x 8 fragment at rows warp_row + 16 i, columns warp_column + 8 j of the block tile.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
 
-// acc[i][j] is the 16 x 8 fragment at rows warp_row + 16 i, columns warp_column + 8 j of the block tile.
-template <class Tiles>
-__device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const __half* x_tile,
-                                              const __half* w_tile, int warp_row, int warp_column) {
+template <class Tiles, class Op>
+__device__ __forceinline__ void multiply_on_tensor_cores(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
+                                                         const Op* x_tile, const Op* w_tile, int warp_row,
+                                                         int warp_column) {
     const int lane = threadIdx.x % WARP_SIZE;
 #pragma unroll
     for (int k = 0; k < K_STEP; k += 16) {
@@ -750,17 +762,22 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
 #pragma unroll
         for (int i = 0; i < Tiles::FRAGS_M; ++i)
 #pragma unroll
-            for (int j = 0; j < Tiles::FRAGS_N; ++j) mma_16x8x16(acc[i][j], a[i], b[j]);
+            for (int j = 0; j < Tiles::FRAGS_N; ++j) mma_16x8x16<Op>(acc[i][j], a[i], b[j]);
     }
 }
 
-#else
+#endif
 
-// Before sm_75 (no ldmatrix, no m16n8 mma): each lane computes its accumulator elements from shared memory,
-// in the layout the tensor-core path uses, so the epilogue is the same.
-template <class Tiles>
-__device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const __half* x_tile,
-                                              const __half* w_tile, int warp_row, int warp_column) {
+__device__ __forceinline__ float operand_to_float(__half value) { return __half2float(value); }
+__device__ __forceinline__ float operand_to_float(__nv_bfloat16 value) { return __bfloat162float(value); }
+
+// Where the tensor cores do not multiply Op (before sm_75; bf16 before sm_80): each lane computes its
+// accumulator elements from the same shared-memory tiles, in the layout the tensor-core path uses, so the
+// epilogue is the same.
+template <class Tiles, class Op>
+__device__ __forceinline__ void multiply_on_cuda_cores(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
+                                                       const Op* x_tile, const Op* w_tile, int warp_row,
+                                                       int warp_column) {
     const int lane = threadIdx.x % WARP_SIZE;
 #pragma unroll
     for (int i = 0; i < Tiles::FRAGS_M; ++i)
@@ -768,15 +785,25 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
         for (int j = 0; j < Tiles::FRAGS_N; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const __half* x_row = x_tile + (warp_row + 16 * i + lane / 4 + 8 * (e / 2)) * TILE_STRIDE;
-                const __half* w_row = w_tile + (warp_column + 8 * j + 2 * (lane % 4) + e % 2) * TILE_STRIDE;
+                const Op* x_row = x_tile + (warp_row + 16 * i + lane / 4 + 8 * (e / 2)) * TILE_STRIDE;
+                const Op* w_row = w_tile + (warp_column + 8 * j + 2 * (lane % 4) + e % 2) * TILE_STRIDE;
                 float sum = 0.0f;
-                for (int k = 0; k < K_STEP; ++k) sum += __half2float(x_row[k]) * __half2float(w_row[k]);
+                for (int k = 0; k < K_STEP; ++k) sum += operand_to_float(x_row[k]) * operand_to_float(w_row[k]);
                 acc[i][j][e] += sum;
             }
 }
 
+template <class Tiles, class Op>
+__device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const Op* x_tile,
+                                              const Op* w_tile, int warp_row, int warp_column) {
+    if constexpr (tensor_cores_multiply<Op>()) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+        multiply_on_tensor_cores<Tiles>(acc, x_tile, w_tile, warp_row, warp_column);
 #endif
+    } else {
+        multiply_on_cuda_cores<Tiles>(acc, x_tile, w_tile, warp_row, warp_column);
+    }
+}
 
 // ---- The pipeline ----------------------------------------------------------------------------------------
 //
@@ -791,8 +818,9 @@ template <class Tiles, int AHEAD, bool PAIRED, class Format>
 __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                               StepRegisters<Tiles, Format>& load_stage,
                                               const StepRegisters<Tiles, Format>& store_stage,
-                                              const StepSource& source, __half (*x_tiles)[Tiles::BM * TILE_STRIDE],
-                                              __half (*w_tiles)[Tiles::BN * TILE_STRIDE], int step, int n_steps,
+                                              const StepSource& source,
+                                              Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
+                                              Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE], int step, int n_steps,
                                               int rows_left, int warp_row, int warp_column) {
     const int current = step % 2;
     if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
@@ -851,11 +879,11 @@ __device__ __forceinline__ T part_value(int part, const T (&values)[MAX_GEMM_PAR
 // a tile covers BN / 2 features (tile_feature), one slice.
 template <class Tiles, class Format, bool PAIRED>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
-    gemm_f16_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
+    gemm_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
                           int n_tokens) {
     static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
-    __shared__ __align__(16) __half x_tiles[2][Tiles::BM * TILE_STRIDE];
-    __shared__ __align__(16) __half w_tiles[2][Tiles::BN * TILE_STRIDE];
+    __shared__ __align__(16) Operand<Format> x_tiles[2][Tiles::BM * TILE_STRIDE];
+    __shared__ __align__(16) Operand<Format> w_tiles[2][Tiles::BN * TILE_STRIDE];
 
     const int tile = blockIdx.x;
     const int part = part_of(tile, parts.first_tile);
@@ -1053,7 +1081,7 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     // share their x rows, which then stay in L2 while W streams past.
     const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
     const long long weight_row_bytes = row_bytes(p.type, p.in_features);
-    gemm_f16_tensor_cores<Tiles, Format, PAIRED>
+    gemm_tensor_cores<Tiles, Format, PAIRED>
         <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, p.x, p.in_features, p.n_tokens);
     if (splits == 1) return cudaGetLastError();
     if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
