@@ -768,8 +768,14 @@ __device__ __forceinline__ void multiply_on_tensor_cores(float (&acc)[Tiles::FRA
 
 #endif
 
-__device__ __forceinline__ float operand_to_float(__half value) { return __half2float(value); }
-__device__ __forceinline__ float operand_to_float(__nv_bfloat16 value) { return __bfloat162float(value); }
+template <class Op>
+__device__ __forceinline__ float operand_to_float(Op value) {
+    if constexpr (std::is_same_v<Op, __nv_bfloat16>) {
+        return __bfloat162float(value);
+    } else {
+        return __half2float(value);
+    }
+}
 
 // Where the tensor cores do not multiply Op (before sm_75; bf16 before sm_80): each lane computes its
 // accumulator elements from the same shared-memory tiles, in the layout the tensor-core path uses, so the
