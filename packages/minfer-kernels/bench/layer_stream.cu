@@ -18,8 +18,13 @@
 //                  next phase's copies start only when the whole grid is done with this one
 //   stream+ahead   a grid barrier after each phase for the consumers only; the producer keeps copying the next
 //                  phases' bytes into free stages meanwhile (what a persistent decode kernel would do)
+//   gemv chain     kernels+pdl, each phase a GEMV's dependent chain after the wait: read the previous phase's
+//                  output as x (the whole vector), its sum of squares (a norm), each row's dot with x, a warp
+//                  sum, one float stored per row, which the next phase reads: today's decode kernels' shape
+//                  with nothing else (no formats, no epilogues), so the table shows what the chain itself costs
 // If stream+ahead comes near stream, a persistent step costs about its bytes' time plus the barriers, not
-// today's per-launch gaps.
+// today's per-launch gaps. If the gemv chain is far above kernels+pdl, the dependent chain inside a kernel,
+// not the launch boundary, is what a faster decode step has to shorten.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "../csrc/kernels/bulk_copy.cuh"
+#include "../csrc/kernels/common.cuh"
 
 namespace {
 
@@ -177,13 +183,48 @@ __global__ void stream_phase(const uint4* words, std::size_t n_words, unsigned* 
     if (sum == 0x12345678u) *sink = sum;
 }
 
+// One phase as a GEMV: rows of row_words 16-byte words (a row's `in` values, the first `in` of the previous
+// phase's output), y[row] = (sum of the row's words as floats times x) / rms(x). Block: 256 threads, a warp a row
+// at a time; blockIdx.x strides over the rows (row = blockIdx.x * 8 + warp, then + gridDim.x * 8). The weights
+// are prefetched into L2 before the wait, as today's gemv does; x, its norm, the dots and the stores follow it.
+__global__ void gemv_phase(const uint4* words, int rows, int row_words, const float* x, int in, float* y) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int first_row = blockIdx.x * 8 + warp, row_stride = gridDim.x * 8;
+    for (int row = first_row; row < rows; row += row_stride)
+        for (int i = lane * 8; i < row_words; i += 32 * 8)  // one 128-byte line per 8 words
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(words + std::size_t(row) * row_words + i));
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+    float squares = 0.0f;
+    for (int i = lane; i < in; i += 32) squares += x[i] * x[i];
+    const float inv_rms = rsqrtf(minfer::warp_sum(squares) / float(in) + 1e-6f);
+    for (int row = first_row; row < rows; row += row_stride) {
+        float dot = 0.0f;
+        for (int i = lane; i < row_words; i += 32) {
+            const uint4 w = words[std::size_t(row) * row_words + i];
+            const float xi = x[(4 * i) % in];
+            dot += (__uint_as_float(w.x & 0x3F7FFFFFu) + __uint_as_float(w.y & 0x3F7FFFFFu) +
+                    __uint_as_float(w.z & 0x3F7FFFFFu) + __uint_as_float(w.w & 0x3F7FFFFFu)) * xi;
+        }
+        dot = minfer::warp_sum(dot);
+        if (lane == 0) y[row] = dot * inv_rms;
+    }
+}
+
 // ---- Host ----------------------------------------------------------------------------------------------------
+
+// A phase as the gemv chain runs it: its rows and their length in values (Q4_0).
+struct Gemv {
+    int rows, in;
+};
 
 struct Shape {
     const char* name;
     std::vector<std::size_t> layer_phases;  // bytes of each phase of a layer, in order
     int layers;
     std::size_t head;
+    std::vector<Gemv> layer_gemvs;  // the same phases as products (attention: a small one), and the head's
+    Gemv head_gemv;
 };
 
 std::size_t q4_0_bytes(std::size_t rows, std::size_t columns) { return rows * (columns / 32) * 18; }
@@ -287,6 +328,54 @@ void measure(const Shape& shape, int sms, cudaStream_t stream) {
     persistent("stream+sync (a grid barrier a phase, producer held)", stream_step<Barriers::ALL>);
     persistent("stream+ahead (a grid barrier a phase, producer ahead)", stream_step<Barriers::CONSUMERS_ONLY>);
 
+    // The gemv chain: a launch a phase with PDL, x and y alternating between two vectors (phase p reads the first
+    // `in` floats of phase p - 1's output), each phase's weights Q4_0-sized rows of whole 16-byte words.
+    std::vector<Gemv> gemvs;
+    for (int l = 0; l < shape.layers; ++l)
+        gemvs.insert(gemvs.end(), shape.layer_gemvs.begin(), shape.layer_gemvs.end());
+    gemvs.push_back(shape.head_gemv);
+    std::size_t chain_bytes = 0;
+    int longest = 0;
+    for (const Gemv& g : gemvs) {
+        chain_bytes += std::size_t(g.rows) * ((q4_0_bytes(1, g.in) + 15) / 16) * 16;
+        longest = std::max({longest, g.rows, g.in});
+    }
+    std::uint8_t* chain_weights = nullptr;
+    float* vectors[2] = {nullptr, nullptr};
+    CHECK(cudaMalloc(&chain_weights, chain_bytes));
+    CHECK(cudaMemset(chain_weights, 0x3C, chain_bytes));
+    for (float*& v : vectors) {
+        CHECK(cudaMalloc(&v, longest * sizeof(float)));
+        CHECK(cudaMemset(v, 0x3C, longest * sizeof(float)));  // 0x3C3C3C3C: 0.0115f
+    }
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    std::size_t offset = 0;
+    for (std::size_t p = 0; p < gemvs.size(); ++p) {
+        const Gemv g = gemvs[p];
+        const int row_words = int((q4_0_bytes(1, g.in) + 15) / 16);
+        cudaLaunchConfig_t config = {};
+        config.gridDim = unsigned(std::min((g.rows + 7) / 8, sms * 4));  // 8 rows a block at a time
+        config.blockDim = 256;
+        config.stream = stream;
+        cudaLaunchAttribute attribute = {};
+        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute.val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        CHECK(cudaLaunchKernelEx(&config, gemv_phase, reinterpret_cast<const uint4*>(chain_weights + offset), g.rows,
+                                 row_words, static_cast<const float*>(vectors[p % 2]), g.in, vectors[1 - p % 2]));
+        offset += std::size_t(g.rows) * row_words * 16;
+    }
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    report("gemv chain (a launch a phase, graph, PDL)", time_us([&] { CHECK(cudaGraphLaunch(exec, stream)); }, stream));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    for (float* v : vectors) CHECK(cudaFree(v));
+    CHECK(cudaFree(chain_weights));
+
     CHECK(cudaFree(copy));
     CHECK(cudaFree(sink));
     CHECK(cudaFree(arrived));
@@ -306,12 +395,16 @@ int main() {
     const Shape qwen{"Qwen2.5-0.5B Q4_0",
                      {q4_0_bytes(1152, 896), 4096, q4_0_bytes(896, 896), q4_0_bytes(9728, 896), q4_0_bytes(896, 4864)},
                      24,
-                     q4_0_bytes(151936, 896)};
+                     q4_0_bytes(151936, 896),
+                     {{1152, 896}, {16, 896}, {896, 896}, {9728, 896}, {896, 4864}},
+                     {151936, 896}};
     const Shape llama{"Llama-3.2-1B Q4_0",
                       {q4_0_bytes(3072, 2048), 4096, q4_0_bytes(2048, 2048), q4_0_bytes(16384, 2048),
                        q4_0_bytes(2048, 8192)},
                       16,
-                      q4_0_bytes(128256, 2048)};
+                      q4_0_bytes(128256, 2048),
+                      {{3072, 2048}, {16, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}},
+                      {128256, 2048}};
     measure(qwen, sms, stream);
     measure(llama, sms, stream);
     CHECK(cudaStreamDestroy(stream));
