@@ -259,6 +259,36 @@ float time_us(Launch launch, cudaStream_t stream) {
     return ms * 1000.0f / REPETITIONS;
 }
 
+// A launch of 256-thread blocks on `stream`; with `pdl`, allowed to start before the previous kernel ends (its
+// attribute kept in `attribute`, which must outlive the launch call).
+cudaLaunchConfig_t launch_config(unsigned blocks, bool pdl, cudaStream_t stream, cudaLaunchAttribute& attribute) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = blocks;
+    config.blockDim = 256;
+    config.stream = stream;
+    attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = pdl ? 1 : 0;
+    return config;
+}
+
+// µs a replay of the CUDA graph of what `enqueue` launches on `stream`.
+template <class Enqueue>
+float time_graph(Enqueue enqueue, cudaStream_t stream) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    enqueue();
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const float us = time_us([&] { CHECK(cudaGraphLaunch(exec, stream)); }, stream);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    return us;
+}
+
 void measure(const Shape& shape, int sms, cudaStream_t stream) {
     const std::vector<Phase> phases = phases_of(shape);
     const std::size_t total = phases.back().offset + phases.back().bytes;
@@ -276,41 +306,30 @@ void measure(const Shape& shape, int sms, cudaStream_t stream) {
 
     std::printf("\n%s: %d phases, %.1f MB a step, %d SMs\n\n", shape.name, int(phases.size()), total / 1e6, sms);
     std::printf("| way | µs a step | TB/s |\n| --- | ---: | ---: |\n");
-    const auto report = [&](const char* way, float us) { std::printf("| %s | %.1f | %.2f |\n", way, us, total / us / 1e6); };
+    const auto report = [&](const char* way, float us) {
+        std::printf("| %s | %.1f | %.2f |\n", way, us, total / us / 1e6);
+    };
 
     report("cudaMemcpy device to device (bytes read)", time_us([&] {
                CHECK(cudaMemcpyAsync(copy, weights, total, cudaMemcpyDeviceToDevice, stream));
            }, stream));
 
     for (const bool pdl : {false, true}) {
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (const Phase& phase : phases) {
-            const std::size_t n_words = phase.bytes / 16;
-            const unsigned blocks = unsigned(std::min<std::size_t>((n_words + 255) / 256, std::size_t(sms) * 8));
-            cudaLaunchConfig_t config = {};
-            config.gridDim = blocks;
-            config.blockDim = 256;
-            config.stream = stream;
-            cudaLaunchAttribute attribute = {};
-            attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attribute.val.programmaticStreamSerializationAllowed = 1;
-            config.attrs = &attribute;
-            config.numAttrs = pdl ? 1 : 0;
-            const uint4* words = reinterpret_cast<const uint4*>(weights + phase.offset);
-            if (pdl) {
-                CHECK(cudaLaunchKernelEx(&config, stream_phase<true>, words, n_words, sink));
-            } else {
-                CHECK(cudaLaunchKernelEx(&config, stream_phase<false>, words, n_words, sink));
+        const float us = time_graph([&] {
+            for (const Phase& phase : phases) {
+                const std::size_t n_words = phase.bytes / 16;
+                const unsigned blocks = unsigned(std::min<std::size_t>((n_words + 255) / 256, std::size_t(sms) * 8));
+                cudaLaunchAttribute attribute;
+                const cudaLaunchConfig_t config = launch_config(blocks, pdl, stream, attribute);
+                const uint4* words = reinterpret_cast<const uint4*>(weights + phase.offset);
+                if (pdl) {
+                    CHECK(cudaLaunchKernelEx(&config, stream_phase<true>, words, n_words, sink));
+                } else {
+                    CHECK(cudaLaunchKernelEx(&config, stream_phase<false>, words, n_words, sink));
+                }
             }
-        }
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        report(pdl ? "kernels+pdl (a launch a phase, graph)" : "kernels (a launch a phase, graph)",
-               time_us([&] { CHECK(cudaGraphLaunch(exec, stream)); }, stream));
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
+        }, stream);
+        report(pdl ? "kernels+pdl (a launch a phase, graph)" : "kernels (a launch a phase, graph)", us);
     }
 
     const Step step{weights, device_phases, int(phases.size())};
@@ -348,31 +367,22 @@ void measure(const Shape& shape, int sms, cudaStream_t stream) {
         CHECK(cudaMalloc(&v, longest * sizeof(float)));
         CHECK(cudaMemset(v, 0x3C, longest * sizeof(float)));  // 0x3C3C3C3C: 0.0115f
     }
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    std::size_t offset = 0;
-    for (std::size_t p = 0; p < gemvs.size(); ++p) {
-        const Gemv g = gemvs[p];
-        const int row_words = int((q4_0_bytes(1, g.in) + 15) / 16);
-        cudaLaunchConfig_t config = {};
-        config.gridDim = unsigned(std::min((g.rows + 7) / 8, sms * 4));  // 8 rows a block at a time
-        config.blockDim = 256;
-        config.stream = stream;
-        cudaLaunchAttribute attribute = {};
-        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute.val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = &attribute;
-        config.numAttrs = 1;
-        CHECK(cudaLaunchKernelEx(&config, gemv_phase, reinterpret_cast<const uint4*>(chain_weights + offset), g.rows,
-                                 row_words, static_cast<const float*>(vectors[p % 2]), g.in, vectors[1 - p % 2]));
-        offset += std::size_t(g.rows) * row_words * 16;
-    }
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    report("gemv chain (a launch a phase, graph, PDL)", time_us([&] { CHECK(cudaGraphLaunch(exec, stream)); }, stream));
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
+    const float chain_us = time_graph([&] {
+        std::size_t offset = 0;
+        for (std::size_t p = 0; p < gemvs.size(); ++p) {
+            const Gemv g = gemvs[p];
+            const int row_words = int((q4_0_bytes(1, g.in) + 15) / 16);
+            cudaLaunchAttribute attribute;
+            // 8 rows a block at a time
+            const cudaLaunchConfig_t config =
+                launch_config(unsigned(std::min((g.rows + 7) / 8, sms * 4)), true, stream, attribute);
+            CHECK(cudaLaunchKernelEx(&config, gemv_phase, reinterpret_cast<const uint4*>(chain_weights + offset),
+                                     g.rows, row_words, static_cast<const float*>(vectors[p % 2]), g.in,
+                                     vectors[1 - p % 2]));
+            offset += std::size_t(g.rows) * row_words * 16;
+        }
+    }, stream);
+    report("gemv chain (a launch a phase, graph, PDL)", chain_us);
     for (float* v : vectors) CHECK(cudaFree(v));
     CHECK(cudaFree(chain_weights));
 
