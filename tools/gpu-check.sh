@@ -15,6 +15,7 @@
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_WORKERS (pytest-xdist processes
 # of the test steps, default 4, used where xdist is installed), MINFER_TEST_TIMEOUT and
 # MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
+# MINFER_MEMCHECK_TEST_TIMEOUT (seconds per test of the memcheck pass, default 240, where pytest-timeout is installed),
 # MINFER_GPU_CHECK_ONLY (a comma-separated subset of the steps after the build, for a quick iteration:
 # kernels, memcheck, microbench, runtime, run-memcheck, bench, bench-eager, depth, op-timing, llama-bench,
 # profile, toys;
@@ -125,14 +126,20 @@ wanted kernels && run_step "kernel tests" tests.log \
 
 # 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode). It runs on the test steps'
 # workers: compute-sanitizer follows every process the run starts (--target-processes all), and one process
-# alone takes longer than a 10-minute device call over the whole suite.
+# alone takes longer than a 10-minute device call over the whole suite. A test that hangs under the sanitizer
+# (session 20: every memcheck pass since step 36 printed no result before its timeout) is ended by pytest-timeout's
+# thread method, which prints every thread's stack first: the pass then names the test instead of saying nothing.
+TEST_TIMEOUT=()
+if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
+    TEST_TIMEOUT=(--timeout "${MINFER_MEMCHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
+fi
 if ! wanted memcheck; then
     :
 elif command -v compute-sanitizer >/dev/null; then
     run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" \
         compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 \
-        "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" \
+        "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" "${TEST_TIMEOUT[@]}" --durations=10 \
         -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" packages/minfer-kernels/tests
 else
     SUMMARY+=("FAIL  memcheck: compute-sanitizer not found (looked on PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)")
