@@ -9,7 +9,7 @@
 //
 //   cd packages/minfer-kernels/bench
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/wgmma_probe wgmma_probe.cu
-//   /tmp/wgmma_probe     # one line per product: µs, TFLOP/s, max error against the reference
+//   /tmp/wgmma_probe     # per product and IN_FLIGHT (0, 1): µs, TFLOP/s, max error against the reference
 // (wgmma exists on sm_90a only: the arch-specific target, not plain sm_90.)
 //
 // The products are the prompt's at Qwen2.5-0.5B's and Llama-3.2-1B's shapes, 512 tokens. If wgmma here runs them
@@ -106,10 +106,14 @@ __device__ __forceinline__ void wgmma_64x128x16(float (&d)[64], std::uint64_t a,
 }
 
 // y = x W^T. Block: 256 threads (warpgroup g = threadIdx.x / 128 computes rows 64 g .. 64 g + 63 of the tile);
-// grid.x the tiles of output features (N / 128), grid.y the tiles of tokens (M / 128).
+// grid.x the tiles of output features (N / 128), grid.y the tiles of tokens (M / 128). IN_FLIGHT: the wgmma groups
+// a warpgroup leaves running when it goes on to the next step (0: each step's products finish before the next
+// step's copies are issued; 1: they overlap the next step's wait and copies, the copies then one step less ahead).
+template <int IN_FLIGHT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_wgmma(const __half* __restrict__ x, const __half* __restrict__ w, float* __restrict__ y, int m, int n,
                int k) {
+    constexpr int AHEAD = STAGES - 1 - IN_FLIGHT;  // steps whose copies are in flight while one is multiplied
     extern __shared__ std::uint8_t shared[];
     const unsigned base = (shared_address(shared) + 1023) & ~1023u;
     const int first_token = blockIdx.y * BM;
@@ -118,7 +122,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int steps = k / BK;
     float d[64] = {};
 
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < steps) {
             copy_tile(base + s * STAGE_BYTES, x, first_token, s * BK, k);
             copy_tile(base + s * STAGE_BYTES + TILE_BYTES, w, first_feature, s * BK, k);
@@ -126,10 +130,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
     for (int step = 0; step < steps; ++step) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(AHEAD - 1) : "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copies, visible to wgmma's reads
         __syncthreads();
-        const int refill = step + STAGES - 1;  // into the stage of step - 1, whose wgmmas have completed
+        // Into the stage of step - 1 - IN_FLIGHT, whose wgmmas every warpgroup waited for before the barrier.
+        const int refill = step + AHEAD;
         if (refill < steps) {
             const unsigned stage = base + (refill % STAGES) * STAGE_BYTES;
             copy_tile(stage, x, first_token, refill * BK, k);
@@ -143,8 +148,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) wgmma_64x128x16(d, a + 2 * kk, b + 2 * kk);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
     }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
     // Accumulator j of lane l in warp w of the warpgroup: row 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column
     // 8 (j / 4) + 2 (l % 4) + j % 2 (mma.m16n8's C fragment, once per 8 columns).
@@ -175,6 +181,7 @@ struct Product {
     int m, n, k;
 };
 
+template <int IN_FLIGHT>
 void measure(const Product& p) {
     std::vector<__half> hx(static_cast<std::size_t>(p.m) * p.k), hw(static_cast<std::size_t>(p.n) * p.k);
     std::uint32_t state = 12345;
@@ -195,7 +202,8 @@ void measure(const Product& p) {
     CHECK(cudaMemset(y, 0xFF, static_cast<std::size_t>(p.m) * p.n * sizeof(float)));  // NaN: a missed output shows
 
     const dim3 grid(p.n / BN, p.m / BM);
-    gemm_wgmma<<<grid, THREADS, SHARED_BYTES>>>(x, w, y, p.m, p.n, p.k);
+    CHECK(cudaFuncSetAttribute(gemm_wgmma<IN_FLIGHT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SHARED_BYTES));
+    gemm_wgmma<IN_FLIGHT><<<grid, THREADS, SHARED_BYTES>>>(x, w, y, p.m, p.n, p.k);
     CHECK(cudaGetLastError());
     gemm_reference<<<dim3((p.n + 255) / 256, p.m), 256>>>(x, w, reference, p.m, p.n, p.k);
     CHECK(cudaDeviceSynchronize());
@@ -213,15 +221,16 @@ void measure(const Product& p) {
     CHECK(cudaEventCreate(&start));
     CHECK(cudaEventCreate(&stop));
     CHECK(cudaEventRecord(start));
-    for (int r = 0; r < REPETITIONS; ++r) gemm_wgmma<<<grid, THREADS, SHARED_BYTES>>>(x, w, y, p.m, p.n, p.k);
+    for (int r = 0; r < REPETITIONS; ++r)
+        gemm_wgmma<IN_FLIGHT><<<grid, THREADS, SHARED_BYTES>>>(x, w, y, p.m, p.n, p.k);
     CHECK(cudaEventRecord(stop));
     CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
     CHECK(cudaEventElapsedTime(&ms, start, stop));
     const double us = 1000.0 * ms / REPETITIONS;
     const double tflops = 2.0 * p.m * p.n * p.k / (us * 1e-6) / 1e12;
-    std::printf("%-34s %5d x %5d x %5d  %8.2f us  %6.1f TFLOP/s  max error %.2e of max |y| %.2e%s\n", p.name, p.m,
-                p.n, p.k, us, tflops, worst, scale, worst <= 1e-3 * scale ? "" : "  WRONG");
+    std::printf("%-34s %5d x %5d x %5d  in flight %d  %8.2f us  %6.1f TFLOP/s  max error %.2e of max |y| %.2e%s\n",
+                p.name, p.m, p.n, p.k, IN_FLIGHT, us, tflops, worst, scale, worst <= 1e-3 * scale ? "" : "  WRONG");
     CHECK(cudaFree(x));
     CHECK(cudaFree(w));
     CHECK(cudaFree(y));
@@ -231,7 +240,6 @@ void measure(const Product& p) {
 }  // namespace
 
 int main() {
-    CHECK(cudaFuncSetAttribute(gemm_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, SHARED_BYTES));
     const Product products[] = {
         {"qwen2.5-0.5b gate (one of gate|up)", 512, 4864, 896},
         {"qwen2.5-0.5b ffn_down", 512, 896, 4864},
@@ -240,6 +248,9 @@ int main() {
         {"llama3.2-1b ffn_down", 512, 2048, 8192},
         {"llama3.2-1b attn_output", 512, 2048, 2048},
     };
-    for (const Product& p : products) measure(p);
+    for (const Product& p : products) {
+        measure<0>(p);
+        measure<1>(p);
+    }
     return 0;
 }
