@@ -136,6 +136,9 @@ fi
 if ! wanted memcheck; then
     :
 elif command -v compute-sanitizer >/dev/null; then
+    # What else holds the GPU (a killed pass's sanitized workers can outlive it): listed, for the record.
+    echo "GPU processes before the memcheck pass:"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader || true
     run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
         env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" \
         compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 \
