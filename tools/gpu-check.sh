@@ -129,13 +129,13 @@ wanted kernels && run_step "kernel tests" tests.log \
 # alone takes longer than a 10-minute device call over the whole suite. A test that hangs under the sanitizer
 # (session 20: every memcheck pass since step 36 printed no result before its timeout) is ended by pytest-timeout's
 # thread method, which prints every thread's stack first: the pass then names the test instead of saying nothing.
-TEST_TIMEOUT=()
-if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
-    TEST_TIMEOUT=(--timeout "${MINFER_MEMCHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
-fi
 if ! wanted memcheck; then
     :
 elif command -v compute-sanitizer >/dev/null; then
+    TEST_TIMEOUT=()
+    if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
+        TEST_TIMEOUT=(--timeout "${MINFER_MEMCHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
+    fi
     # What else holds the GPU (a killed pass's sanitized workers can outlive it): listed, for the record.
     echo "GPU processes before the memcheck pass:"
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader || true

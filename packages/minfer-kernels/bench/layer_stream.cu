@@ -35,6 +35,7 @@
 
 #include "../csrc/kernels/bulk_copy.cuh"
 #include "../csrc/kernels/common.cuh"
+#include "check.cuh"
 
 namespace {
 
@@ -45,15 +46,6 @@ constexpr int WARPS = CONSUMERS + 1;  // the producer is warp CONSUMERS
 constexpr int STAGES = 8;
 constexpr int STAGE_BYTES = 16 * 1024;
 constexpr int REPETITIONS = 20;
-
-#define CHECK(call)                                                                                        \
-    do {                                                                                                   \
-        const cudaError_t status = (call);                                                                 \
-        if (status != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status)); \
-            std::exit(1);                                                                                  \
-        }                                                                                                  \
-    } while (0)
 
 // ---- The phases of one decode step: where each phase's bytes start, and how a block's share is cut --------
 

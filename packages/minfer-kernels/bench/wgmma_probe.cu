@@ -25,16 +25,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "check.cuh"
 
-#define CHECK(call)                                                                                        \
-    do {                                                                                                   \
-        const cudaError_t status = (call);                                                                 \
-        if (status != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status)); \
-            std::exit(1);                                                                                  \
-        }                                                                                                  \
-    } while (0)
+namespace {
 
 constexpr int BM = 128;                    // tokens of a block's tile: two warpgroups of 64 rows
 constexpr int BN = 128;                    // output features of the tile: wgmma's n = 128
