@@ -53,10 +53,10 @@ def prefill_cases(
         x, y = floats(n_in * n_tokens), floats(n_out * n_tokens)
         name = f"{kernel.__name__} {ggml_type.name} {n_in}->{n_out} x{n_tokens}"
         args: tuple[object, ...] = (w, ggml_type, x, y, n_in, n_out, n_tokens, h)
-        if kernel is kernels.gemm:  # no bias or residual; the workspace of its slices of K, where it splits
+        if kernel is kernels.gemm:  # no bias or residual; the workspace of its rounded x and slices of K
             splits = kernels.gemm_splits(n_out, 0, 0, n_in, n_tokens, multiprocessors)
             nbytes = kernels.gemm_workspace_bytes(n_out, 0, 0, n_in, n_tokens, multiprocessors)
-            space = floats(nbytes // 4) if nbytes else None
+            space = floats(nbytes // 4)
             args = (w, ggml_type, x, None, None, y, n_in, n_out, n_tokens, space, nbytes, h)
             name += f" ({splits} K slices)" if splits > 1 else ""
         cases.append((name, 2.0 * n_in * n_out * n_tokens, lambda: kernel(*args)))

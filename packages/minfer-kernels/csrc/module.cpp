@@ -226,8 +226,10 @@ void bind_kernels(nb::module_& k) {
           "Slices of K gemm_group cuts a launch of these parts into on a GPU of `multiprocessors` SMs (1: none).");
     k.def("gemm_workspace_bytes", &gemm_workspace_bytes, "out_features_0"_a, "out_features_1"_a, "out_features_2"_a,
           "in_features"_a, "n_tokens"_a, "multiprocessors"_a,
-          "Bytes of the workspace gemm_group (gemm: out_features_1 = out_features_2 = 0) needs; 0 when it does not "
-          "split K.");
+          "Bytes of the workspace gemm_group (gemm: out_features_1 = out_features_2 = 0) needs: x rounded to 16 "
+          "bits, and the slices' partial sums where it splits K.");
+    k.def("gemm_swiglu_workspace_bytes", &gemm_swiglu_workspace_bytes, "in_features"_a, "n_tokens"_a,
+          "Bytes of the workspace gemm_swiglu needs: x rounded to 16 bits.");
     k.def("attention_decode_workspace_bytes", &attention_decode_workspace_bytes, "n_heads"_a, "head_dim"_a,
           "n_splits"_a, "Bytes of the workspace attention_decode_f32 needs.");
     k.def("attention_prefill_splits", &attention_prefill_splits, "n_tokens"_a, "n_heads"_a, "head_dim"_a,
@@ -289,25 +291,27 @@ void bind_kernels(nb::module_& k) {
                     "weight"_a, "type"_a, "x"_a, "y"_a, "in_features"_a, "out_features"_a, "n_tokens"_a,
                     "stream"_a);
     MINFER_LAUNCHER(k, "gemm", launch_gemm,
-                    "matmul's product on the tensor cores, for many tokens: W and x rounded to f16, float32 sums; "
-                    "y = residual + (x W^T + bias), the order of gemm, add_bias_f32 and add_f32 (bias, residual "
-                    "None: none; residual may be y); in_features a multiple of 32 (of 256 for Q4_K/Q6_K), x 16-byte "
-                    "aligned; `workspace`: gemm_workspace_bytes(out_features, 0, 0, ...) bytes (None when that is 0).",
+                    "matmul's product on the tensor cores, for many tokens: W and x rounded to f16 (BF16 weights: "
+                    "x to bf16), float32 sums; y = residual + (x W^T + bias), the order of gemm, add_bias_f32 and "
+                    "add_f32 (bias, residual None: none; residual may be y); in_features a multiple of 32 (of 256 "
+                    "for the K-quants and IQ4_XS), x 16-byte aligned; `workspace`: gemm_workspace_bytes(out_features, "
+                    "0, 0, ...) bytes, 16-byte aligned.",
                     "weight"_a, "type"_a, "x"_a, "bias"_a, "residual"_a, "y"_a, "in_features"_a, "out_features"_a,
                     "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemm_group", launch_gemm_group,
                     "gemm's products of one x by up to three weights of one GGML type in one launch: y_p[t][o] = "
                     "sum_i W_p[o][i] * x[t][i] + bias_p[o] (bias_p None: none); out_features_p 0 (pointers None): "
-                    "part p and the ones after it are absent; `workspace`: gemm_workspace_bytes(...) bytes (None "
-                    "when that is 0).",
+                    "part p and the ones after it are absent; `workspace`: gemm_workspace_bytes(...) bytes, 16-byte "
+                    "aligned.",
                     "weight_0"_a, "bias_0"_a, "y_0"_a, "out_features_0"_a, "weight_1"_a, "bias_1"_a, "y_1"_a,
                     "out_features_1"_a, "weight_2"_a, "bias_2"_a, "y_2"_a, "out_features_2"_a, "type"_a, "x"_a,
                     "in_features"_a, "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemm_swiglu", launch_gemm_swiglu,
                     "gemm's products of x by the gate and up weights (d_ff rows each, one GGML type) in one tile, "
                     "then swiglu_f32 on them: h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f], h [n_tokens][d_ff]; "
-                    "K never cut into slices (no workspace).",
-                    "gate"_a, "up"_a, "type"_a, "x"_a, "h"_a, "in_features"_a, "d_ff"_a, "n_tokens"_a, "stream"_a);
+                    "K never cut into slices; `workspace`: gemm_swiglu_workspace_bytes(...) bytes, 16-byte aligned.",
+                    "gate"_a, "up"_a, "type"_a, "x"_a, "h"_a, "in_features"_a, "d_ff"_a, "n_tokens"_a, "workspace"_a,
+                    "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,
                     "One token: y[o] = sum_i W[o][i] * h[i] (+ residual[o]), h = x, or RMSNorm(x) * norm_weight when "
                     "norm_weight is not None; W: GGUF bytes, out_features rows of in_features values (a multiple of 8) "

@@ -88,10 +88,10 @@ def splits(parts: tuple[int, ...], in_features: int, n_tokens: int) -> int:
 
 
 def workspace(stream: mk.Stream, parts: tuple[int, ...], in_features: int, n_tokens: int):
-    """(the workspace of a launch of these parts, poisoned: a slice that left its sums out shows; its bytes), or
-    (None, 0) where the launch does not split K. Hold the buffer until the launch has run."""
+    """(the workspace of a launch of these parts, poisoned: a rounded x or a slice's sums left unwritten shows;
+    its bytes). Hold the buffer until the launch has run."""
     nbytes = kernels.gemm_workspace_bytes(*parts, *[0] * (3 - len(parts)), in_features, n_tokens, multiprocessors())
-    return (poisoned((nbytes // 4,), np.float32, stream), nbytes) if nbytes else (None, 0)
+    return poisoned((nbytes // 4,), np.float32, stream), nbytes
 
 
 def run_gemm(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raw: np.ndarray, x: np.ndarray, out_features: int):
@@ -235,18 +235,25 @@ def test_split_gemm_group_of_three_parts(rng, stream, dev, ggml_type, n_tokens):
     assert all(np.array_equal(a, b) for a, b in zip(again, grouped, strict=True)), f"{what}: a rerun differs"
 
 
-def test_gemm_refuses_a_workspace_too_small_for_its_slices(stream):
-    """33 outputs of 4864-value rows at 128 tokens: two tiles, fewer than any GPU's block slots, so K is cut."""
+def test_gemm_refuses_a_workspace_too_small(stream):
+    """The workspace holds x rounded to 16 bits (every launch), then the slices' partial sums where K is cut: 33
+    outputs of 4864-value rows at 128 tokens are two tiles, fewer than any GPU's block slots, so K is cut."""
     assert splits((33,), 4864, 128) > 1
     nbytes = kernels.gemm_workspace_bytes(33, 0, 0, 4864, 128, multiprocessors())
+    assert nbytes > 128 * 4864 * 2, "the rounded x and the slices' partial sums"
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
-    for space, size in ((p, nbytes - 4), (None, nbytes), (p + 2, nbytes)):
+    for space, size in ((p, nbytes - 4), (None, nbytes), (p + 8, nbytes)):
         with pytest.raises(ValueError, match=r"launch_gemm refused .*workspace must hold gemm_workspace_bytes"):
             kernels.gemm(p, mk.GGMLType.Q8_0, p, None, None, p, 4864, 33, 128, space, size, h)
         with pytest.raises(ValueError, match=r"launch_gemm_group refused .*workspace must hold"):
             absent = (None, None, None, 0)
             kernels.gemm_group(p, None, p, 33, *absent, *absent, mk.GGMLType.Q8_0, p, 4864, 128, space, size, h)
+    swiglu_bytes = kernels.gemm_swiglu_workspace_bytes(32, 16)
+    assert swiglu_bytes == 16 * 32 * 2, "the rounded x alone, in whole 256-byte units"
+    for space, size in ((p, swiglu_bytes - 4), (None, swiglu_bytes), (p + 8, swiglu_bytes)):
+        with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*workspace must hold"):
+            kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p, p, 32, 4, 16, space, size, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 
@@ -324,7 +331,11 @@ def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_typ
     x = randn(rng, n_tokens, in_features)
     gate_ptr, up_ptr, x_ptr = dev(gate_raw), dev(up_raw), dev(x)
     h = poisoned((n_tokens, d_ff), np.float32, stream)
-    kernels.gemm_swiglu(gate_ptr, up_ptr, ggml_type, x_ptr, h.ptr, in_features, d_ff, n_tokens, stream.handle)
+    nbytes = kernels.gemm_swiglu_workspace_bytes(in_features, n_tokens)
+    space = poisoned((nbytes // 4,), np.float32, stream)
+    kernels.gemm_swiglu(
+        gate_ptr, up_ptr, ggml_type, x_ptr, h.ptr, in_features, d_ff, n_tokens, space.ptr, nbytes, stream.handle
+    )
     got = from_device(h, (n_tokens, d_ff), np.float32, stream)
     x64 = x.astype(np.float64)
     g64, u64 = x64 @ gate.astype(np.float64).T, x64 @ up.astype(np.float64).T
@@ -348,20 +359,20 @@ def test_gemm_swiglu_refuses_what_it_cannot_compute(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*multiple of 32"):
-        kernels.gemm_swiglu(p, p, mk.GGMLType.F32, p, p, 33, 4, 16, h)
+        kernels.gemm_swiglu(p, p, mk.GGMLType.F32, p, p, 33, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*type must be"):
-        kernels.gemm_swiglu(p, p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, h)
+        kernels.gemm_swiglu(p, p, int(gguf.GGMLQuantizationType.IQ2_XXS), p, p, 256, 4, 16, None, 0, h)
     for d_ff, n_tokens in ((0, 16), (4, 0), (-4, 16)):
         with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*positive"):
-            kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p, p, 32, d_ff, n_tokens, h)
+            kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p, p, 32, d_ff, n_tokens, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*x must be 16-byte aligned"):
-        kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, h)
+        kernels.gemm_swiglu(p, p, mk.GGMLType.Q4_0, p + 4, p, 32, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*weight must be 16-byte aligned"):
-        kernels.gemm_swiglu(p, p + 4, mk.GGMLType.F16, p, p, 32, 4, 16, h)
+        kernels.gemm_swiglu(p, p + 4, mk.GGMLType.F16, p, p, 32, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*4-byte aligned"):
-        kernels.gemm_swiglu(p + 2, p, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
+        kernels.gemm_swiglu(p + 2, p, mk.GGMLType.Q4_0, p, p, 32, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*must not be null"):
-        kernels.gemm_swiglu(p, None, mk.GGMLType.Q4_0, p, p, 32, 4, 16, h)
+        kernels.gemm_swiglu(p, None, mk.GGMLType.Q4_0, p, p, 32, 4, 16, None, 0, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 

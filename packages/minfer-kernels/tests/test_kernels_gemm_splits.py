@@ -1,5 +1,6 @@
-"""The GEMM's rule for cutting K into slices (gemm.cu: splits_for, bound as gemm_splits and sized by
-gemm_workspace_bytes), on any machine: no GPU, the multiprocessor count given.
+"""The GEMM's rule for cutting K into slices (gemm.cu: splits_for, bound as gemm_splits) and the size of its
+workspace (gemm_workspace_bytes, gemm_swiglu_workspace_bytes), on any machine: no GPU, the multiprocessor count
+given.
 
 The numbers are Qwen2.5-0.5B's prefill products (d = 896, d_ff = 4864, 2 KV heads of 64) on an H200's 132 SMs,
 where the small 64 x 64 tiles give 264 block slots (two blocks per SM).
@@ -32,10 +33,17 @@ def test_the_split_rule_on_an_h200(parts, in_features, n_tokens, expected):
     assert kernels.gemm_splits(*parts, in_features, n_tokens, H200) == expected
 
 
-def test_the_workspace_holds_each_parts_slices_and_is_empty_without_them():
-    assert kernels.gemm_workspace_bytes(896, 0, 0, 4864, 512, H200) == 2 * 512 * 896 * 4
-    assert kernels.gemm_workspace_bytes(*QKV, 896, 128, H200) == 3 * 128 * sum(QKV) * 4
-    assert kernels.gemm_workspace_bytes(*QKV, 896, 512, H200) == 0
+def rounded_x(in_features: int, n_tokens: int) -> int:
+    """The workspace's first part: x rounded to 16 bits, in whole 256-byte units."""
+    return -(-n_tokens * in_features * 2 // 256) * 256
+
+
+def test_the_workspace_holds_the_rounded_x_then_each_parts_slices():
+    assert kernels.gemm_workspace_bytes(896, 0, 0, 4864, 512, H200) == rounded_x(4864, 512) + 2 * 512 * 896 * 4
+    assert kernels.gemm_workspace_bytes(*QKV, 896, 128, H200) == rounded_x(896, 128) + 3 * 128 * sum(QKV) * 4
+    assert kernels.gemm_workspace_bytes(*QKV, 896, 512, H200) == rounded_x(896, 512)
+    assert kernels.gemm_workspace_bytes(33, 0, 0, 32, 17, H200) == rounded_x(32, 17) == 1280
+    assert kernels.gemm_swiglu_workspace_bytes(896, 512) == rounded_x(896, 512)
 
 
 def test_fewer_multiprocessors_split_less():

@@ -67,15 +67,16 @@ def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
 
 
 def test_a_graphs_workspace_is_the_most_any_of_its_launches_needs():
-    """Qwen2.5-0.5B on an H200's 132 SMs, n_ctx 1024: a 512-token prompt's attention in 3 slices of the cache rows
-    ([512][14] states of 64 + 2 floats each) needs more than its split ffn_down and attn_output (2 slices of
-    [512][896] floats); a 128-token one's ffn_down (8 slices of [128][896]) more than its attention (4 slices,
-    one per 256 rows of n_ctx); decode attention's alone."""
+    """Qwen2.5-0.5B on an H200's 132 SMs, n_ctx 1024: a prompt's ffn_down needs its x rounded to 16 bits
+    ([n_tokens][4864]) and its slices' partial sums (2 slices of [512][896] floats at 512 tokens, 8 of [128][896]
+    at 128), more than the prompt's attention (3 slices of the cache rows at 512 tokens, [512][14] states of
+    64 + 2 floats each; 4 at 128, one per 256 rows of n_ctx) and the other GEMMs; decode attention's alone."""
     config = scaled("qwen2.5-0.5b", n_layers=2).config()
     heads, head_dim = config.n_heads, config.head_dim
     for n_tokens, gemm_splits, attention_splits in ((512, 2, 3), (128, 8, 4)):
         graph = fuse(build_graph(config, n_tokens, 1024), lambda name: int(mk.GGMLType.Q8_0))
-        gemm = gemm_splits * n_tokens * config.d_model * 4
+        rounded_x = -(-n_tokens * config.d_ff * 2 // 256) * 256
+        gemm = rounded_x + gemm_splits * n_tokens * config.d_model * 4
         attention = attention_splits * n_tokens * heads * (head_dim + 2) * 4
         assert mk.kernels.attention_prefill_workspace_bytes(n_tokens, heads, head_dim, 1024, 132) == attention
         assert graph_workspace_bytes(graph.nodes, 132) == max(gemm, attention)
@@ -100,8 +101,8 @@ def test_a_prompts_attention_splits_on_the_caches_rows_into_the_graphs_workspace
 
 
 def test_a_graph_with_decode_attention_and_split_partials_is_refused():
-    """Decode attention's counters must stay zeroed: a node that writes partials into the same workspace is
-    refused with its name (no model builds such a graph; this one is spliced)."""
+    """Decode attention's counters must stay zeroed: a node that writes into the same workspace is refused with
+    its name (no model builds such a graph; this one is spliced)."""
     config = scaled("qwen2.5-0.5b", n_layers=2).config()
     decode = fuse(build_graph(config, 1, 1024), lambda name: int(mk.GGMLType.Q8_0))
     prompt = fuse(build_graph(config, 64, 1024), lambda name: int(mk.GGMLType.Q8_0))

@@ -8,9 +8,12 @@
 //
 //   - W, in its GGUF bytes (ggml_formats.cuh), is decoded to f16 on its way into shared memory:
 //     f16(d * q), one rounding of the float32 weight gguf.quants decodes (relative error <= 2^-11);
-//   - x, float32, is rounded to f16 on its way into shared memory (relative error <= 2^-11, and f16's
-//     range: |x| beyond 65504 becomes infinite, which then shows in y rather than being hidden);
+//   - x, float32, is rounded to f16 once per launch, into the workspace (round_x: relative error <= 2^-11,
+//     and f16's range: |x| beyond 65504 becomes infinite, which then shows in y rather than being hidden);
 //   - the tensor cores multiply the f16 tiles and accumulate in float32 registers.
+// Rounding x once rather than in every block: each token's row of x is read by every tile of output features
+// (76 times at Qwen2.5-0.5B's gate|up), so 16-bit x halves those reads, a thread's registers staging them, and
+// the conversions.
 //
 // BF16 weights go through bf16 instead (Operand): W's bytes are stored as they are (exact, no decode, and
 // no f16 overflow of bfloat16's range), x is rounded to bf16 (relative error <= 2^-9: four times f16's, the
@@ -60,7 +63,7 @@ namespace {
 constexpr int K_STEP = QK;              // columns of K per step: one 32-value block of every weight row
 constexpr int TILE_PAD = 8;             // f16 padding per shared-memory row: keeps ldmatrix free of bank conflicts
 constexpr int TILE_STRIDE = K_STEP + TILE_PAD;  // f16 per shared-memory row (80 bytes: 16-byte aligned rows)
-constexpr int X_VECTORS_PER_ROW = K_STEP / 4;   // float4 loads covering one token's 32 values of x
+constexpr int X_VECTORS_PER_ROW = K_STEP / 8;   // 16-byte loads covering one token's 32 rounded values of x
 
 // The block tile (BM tokens x BN output features), its warps' layout (WARPS_M x WARPS_N warps), the
 // blocks each SM should hold at once (which caps the registers per thread), and how many register stages
@@ -648,15 +651,15 @@ __device__ __forceinline__ std::uint32_t round_pair(float low, float high) {
 // The registers one thread carries from step 1 (load) to step 3 (decode and store) of a K step.
 template <class Tiles, class Format>
 struct StepRegisters {
-    float4 x[Tiles::X_VECTORS_PER_THREAD];
+    uint4 x[Tiles::X_VECTORS_PER_THREAD];  // 8 rounded values each
     typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
 };
 
-// Where a block's steps come from: x, W (paired: the gate's, and the up's rows in up_weight), the block's
+// Where a block's steps come from: x rounded to the Operand (round_x), W (paired: the gate's, and the up's rows in up_weight), the block's
 // first token and first row (paired: its first feature), and its slice's first step (step s of the block is
 // step first_step + s of the rows).
 struct StepSource {
-    const float* x;
+    const std::uint16_t* x;  // [n_tokens][in_features] 16-bit values
     const std::uint8_t* weight;
     const std::uint8_t* up_weight;
     long long row_bytes;
@@ -678,8 +681,8 @@ __device__ __forceinline__ const std::uint8_t* tile_weight(const StepSource& sou
     return PAIRED && tile_row / 8 % 2 == 1 ? source.up_weight : source.weight;
 }
 
-// x tile: BM tokens x 32 values; float4 i of the tile is token i / 8, values 4 (i % 8) ..., so consecutive
-// threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
+// x tile: BM tokens x 32 values; 16-byte vector i of the tile is token i / 4, values 8 (i % 4) ..., so
+// consecutive threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
 // block, consecutive threads walking down the rows. Tokens past n_tokens and rows past out_features are
 // not read; they are stored as zeros.
 template <bool PAIRED, class Tiles, class Format>
@@ -688,10 +691,10 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
         const int token = source.first_token + i / X_VECTORS_PER_ROW;
-        const int column = (source.first_step + step) * K_STEP + (i % X_VECTORS_PER_ROW) * 4;
+        const int column = (source.first_step + step) * K_STEP + (i % X_VECTORS_PER_ROW) * 8;
         regs.x[v] = token < source.n_tokens
-                        ? *reinterpret_cast<const float4*>(source.x + std::size_t(token) * source.in_features + column)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        ? *reinterpret_cast<const uint4*>(source.x + std::size_t(token) * source.in_features + column)
+                        : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
@@ -709,11 +712,7 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
-        const float4 four = regs.x[v];
-        uint2 halves;
-        halves.x = round_pair<Operand<Format>>(four.x, four.y);
-        halves.y = round_pair<Operand<Format>>(four.z, four.w);
-        *reinterpret_cast<uint2*>(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 4) = halves;
+        *reinterpret_cast<uint4*>(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8) = regs.x[v];
     }
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
@@ -885,8 +884,8 @@ __device__ __forceinline__ T part_value(int part, const T (&values)[MAX_GEMM_PAR
 // a tile covers BN / 2 features (tile_feature), one slice.
 template <class Tiles, class Format, bool PAIRED>
 __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
-    gemm_tensor_cores(GemmParts parts, long long row_bytes, const float* __restrict__ x, int in_features,
-                          int n_tokens) {
+    gemm_tensor_cores(GemmParts parts, long long row_bytes, const std::uint16_t* __restrict__ x, int in_features,
+                      int n_tokens) {
     static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
     __shared__ __align__(16) Operand<Format> x_tiles[2][Tiles::BM * TILE_STRIDE];
     __shared__ __align__(16) Operand<Format> w_tiles[2][Tiles::BN * TILE_STRIDE];
@@ -977,6 +976,19 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     }
 }
 
+// x rounded to the Operand once per launch (see the header), into the workspace the GEMM then reads it from.
+// Thread: 8 consecutive values (in_features is a multiple of 32, so they are one row's), value 8 i onwards of
+// the [n_tokens][in_features] x.
+template <class Op>
+__global__ void round_x(const float* __restrict__ x, std::uint16_t* __restrict__ rounded, long long n_vectors) {
+    const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+    if (i >= n_vectors) return;
+    const float4 low = reinterpret_cast<const float4*>(x)[2 * i];
+    const float4 high = reinterpret_cast<const float4*>(x)[2 * i + 1];
+    reinterpret_cast<uint4*>(rounded)[i] = make_uint4(round_pair<Op>(low.x, low.y), round_pair<Op>(low.z, low.w),
+                                                       round_pair<Op>(high.x, high.y), round_pair<Op>(high.z, high.w));
+}
+
 // y = the sum of a split launch's slices, added in slice order, through the epilogue: the same additions in
 // the same order on every run, so the result is deterministic (atomic adds into y would sum in whatever order
 // the blocks end).
@@ -1008,7 +1020,7 @@ struct Products {
     const float* x;
     int in_features;
     int n_tokens;
-    void* workspace;  // the slices' partial sums, when the launch splits K (gemm_workspace_bytes)
+    void* workspace;  // x rounded, then the slices' partial sums when the launch splits K (workspace_bytes)
     long long workspace_bytes;
 };
 
@@ -1054,12 +1066,24 @@ int splits_for(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n
     return static_cast<int>(std::max(std::min(slots / tiles, static_cast<long long>(most)), 1LL));
 }
 
-// Floats of the workspace a launch of `splits` slices needs: each part's [splits][n_tokens][out_features].
+// Floats of the slices' partial sums a launch of `splits` slices needs: each part's [splits][n_tokens][out_features].
 long long partial_floats(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int splits) {
     if (splits == 1) return 0;
     long long outputs = 0;
     for (const int n : out_features) outputs += n;
     return static_cast<long long>(splits) * n_tokens * outputs;
+}
+
+// Bytes of the workspace's first part, x rounded to 16 bits ([n_tokens][in_features], round_x), in whole
+// 256-byte units: the partial sums after it start aligned.
+long long rounded_x_bytes(int in_features, int n_tokens) {
+    return (static_cast<long long>(n_tokens) * in_features * 2 + 255) / 256 * 256;
+}
+
+// Bytes of a launch's workspace: x rounded, then the slices' partial sums when the launch splits K.
+long long workspace_bytes(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens, int splits) {
+    return rounded_x_bytes(in_features, n_tokens) +
+           partial_floats(out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
 }
 
 template <class Tiles, class Format, bool PAIRED>
@@ -1068,7 +1092,9 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     parts.residual = p.residual;
     int tiles = 0;
     int columns = 0;
-    float* partial = static_cast<float*>(p.workspace);
+    auto* rounded_x = static_cast<std::uint16_t*>(p.workspace);
+    float* partial =
+        reinterpret_cast<float*>(static_cast<std::uint8_t*>(p.workspace) + rounded_x_bytes(p.in_features, p.n_tokens));
     for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
         const bool present = p.out_features[i] > 0;
         parts.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
@@ -1082,13 +1108,19 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
         columns += p.out_features[i];
         if (present && splits > 1) partial += std::size_t(splits) * p.n_tokens * p.out_features[i];
     }
+    // grid.x: ceil(n_vectors / 256) blocks, a thread per 8 values of x.
+    const long long n_vectors = static_cast<long long>(p.n_tokens) * p.in_features / 8;
+    constexpr int ROUND_BLOCK = 256;
+    round_x<Operand<Format>><<<unsigned((n_vectors + ROUND_BLOCK - 1) / ROUND_BLOCK), ROUND_BLOCK, 0, stream>>>(
+        p.x, rounded_x, n_vectors);
+    if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
     // grid.x: the tiles of output features, BN each (paired: BN / 2), of every part in turn; grid.y:
     // ceil(n_tokens / BM) tiles of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x
     // share their x rows, which then stay in L2 while W streams past.
     const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
     const long long weight_row_bytes = row_bytes(p.type, p.in_features);
     gemm_tensor_cores<Tiles, Format, PAIRED>
-        <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, p.x, p.in_features, p.n_tokens);
+        <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, rounded_x, p.in_features, p.n_tokens);
     if (splits == 1) return cudaGetLastError();
     if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
     // grid.x: ceil(n_tokens * columns / 256) blocks, one thread per output of every part. A split launch
@@ -1145,17 +1177,23 @@ cudaError_t launch_type(const Products& p, int multiprocessors, int splits, cuda
     }
 }
 
+// The workspace check of a launch of `splits` slices of K; cudaSuccess when it passes.
+cudaError_t refuse_workspace(const Products& p, int splits) {
+    const long long needed = workspace_bytes(p.out_features, p.in_features, p.n_tokens, splits);
+    if (p.workspace == nullptr || p.workspace_bytes < needed || !is_aligned(p.workspace, 16))
+        return minfer_refuse(
+            "workspace must hold gemm_workspace_bytes(...) bytes (gemm_swiglu: gemm_swiglu_workspace_bytes(...)), "
+            "16-byte aligned: x rounded to 16 bits, then the slices' partial sums where K is split");
+    return cudaSuccess;
+}
+
 // The checks and the launch behind launch_gemm and launch_gemm_group.
 cudaError_t launch_products(const Products& p, cudaStream_t stream) {
     if (const cudaError_t refused = refuse_products(p); refused != cudaSuccess) return refused;
     int multiprocessors = 0;
     if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
     const int splits = splits_for(p.out_features, p.in_features, p.n_tokens, multiprocessors);
-    const long long needed =
-        partial_floats(p.out_features, p.n_tokens, splits) * static_cast<long long>(sizeof(float));
-    if (needed > 0 && (p.workspace == nullptr || p.workspace_bytes < needed || !is_aligned(p.workspace, 4)))
-        return minfer_refuse(
-            "this launch splits K: workspace must hold gemm_workspace_bytes(...) bytes, 4-byte aligned (floats)");
+    if (const cudaError_t refused = refuse_workspace(p, splits); refused != cudaSuccess) return refused;
     return launch_type<false>(p, multiprocessors, splits, stream);
 }
 
@@ -1175,8 +1213,12 @@ extern "C" long long gemm_workspace_bytes(int out_features_0, int out_features_1
                                           int in_features, int n_tokens, int multiprocessors) {
     const int out_features[MAX_GEMM_PARTS] = {std::max(out_features_0, 0), std::max(out_features_1, 0),
                                               std::max(out_features_2, 0)};
-    const int splits = splits_for(out_features, in_features, n_tokens, multiprocessors);
-    return partial_floats(out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
+    return workspace_bytes(out_features, in_features, n_tokens,
+                           splits_for(out_features, in_features, n_tokens, multiprocessors));
+}
+
+extern "C" long long gemm_swiglu_workspace_bytes(int in_features, int n_tokens) {
+    return rounded_x_bytes(in_features, n_tokens);
 }
 
 extern "C" cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* y_0, int out_features_0,
@@ -1216,7 +1258,8 @@ extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x,
 }
 
 extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h,
-                                          int in_features, int d_ff, int n_tokens, cudaStream_t stream) {
+                                          int in_features, int d_ff, int n_tokens, void* workspace,
+                                          long long workspace_bytes, cudaStream_t stream) {
     // One part of d_ff features whose rows are the gate's and the up's (the kernel's PAIRED tiles); never split:
     // the epilogue needs both whole sums.
     const Products paired{{gate, up, nullptr},
@@ -1228,10 +1271,11 @@ extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int 
                           x,
                           in_features,
                           n_tokens,
-                          nullptr,
-                          0};
+                          workspace,
+                          workspace_bytes};
     if (const cudaError_t refused = refuse_products(paired); refused != cudaSuccess) return refused;
     if (gate == nullptr || up == nullptr || h == nullptr) return minfer_refuse("gate, up and h must not be null");
+    if (const cudaError_t refused = refuse_workspace(paired, 1); refused != cudaSuccess) return refused;
     int multiprocessors = 0;
     if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
     return launch_type<true>(paired, multiprocessors, 1, stream);

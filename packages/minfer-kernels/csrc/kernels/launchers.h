@@ -69,9 +69,10 @@ cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y
 // y = residual + (x W^T + bias) (residual nullptr: none; it may be y itself, the add in place), the order of
 // gemm, add_bias_f32 and add_f32 one after the other, so the result is theirs to the bit. Where the launch's
 // tiles leave the GPU's block slots empty, K is cut into gemm_splits(...) slices (1: none) whose partial sums
-// meet in `workspace`, then are added in slice order (deterministic); the launch needs
-// gemm_workspace_bytes(...) bytes there (0 when it does not split: workspace may then be nullptr), for the
-// same parts, in_features and n_tokens and the device's multiprocessor count.
+// meet in `workspace`, then are added in slice order (deterministic). The workspace holds x rounded to 16 bits
+// (once per launch: every tile of output features reads it) and those partial sums: the launch needs
+// gemm_workspace_bytes(...) bytes there, 16-byte aligned, for the same parts, in_features and n_tokens and the
+// device's multiprocessor count.
 int gemm_splits(int out_features_0, int out_features_1, int out_features_2, int in_features, int n_tokens,
                 int multiprocessors);
 long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2, int in_features,
@@ -85,9 +86,12 @@ cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* 
                               const float* x, int in_features, int n_tokens, void* workspace,
                               long long workspace_bytes, cudaStream_t stream);
 // h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f] over [n_tokens][d_ff], gate and up of one GGML type (d_ff
-// rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split.
+// rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split, so its
+// workspace (gemm_swiglu_workspace_bytes(...) bytes, 16-byte aligned) holds the rounded x alone.
+long long gemm_swiglu_workspace_bytes(int in_features, int n_tokens);
 cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
-                               int d_ff, int n_tokens, cudaStream_t stream);
+                               int d_ff, int n_tokens, void* workspace, long long workspace_bytes,
+                               cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type. gemv_swiglu

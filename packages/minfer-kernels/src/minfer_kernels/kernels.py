@@ -46,6 +46,7 @@ gemm = _kernels.gemm
 gemm_group = _kernels.gemm_group
 gemm_splits = _kernels.gemm_splits
 gemm_swiglu = _kernels.gemm_swiglu
+gemm_swiglu_workspace_bytes = _kernels.gemm_swiglu_workspace_bytes
 gemm_workspace_bytes = _kernels.gemm_workspace_bytes
 kv_store_f32 = _kernels.kv_store_f32
 attention_decode_f32 = _kernels.attention_decode_f32
@@ -78,6 +79,7 @@ __all__ = [
     "gemm_group",
     "gemm_splits",
     "gemm_swiglu",
+    "gemm_swiglu_workspace_bytes",
     "gemm_workspace_bytes",
     "gemv",
     "gemv_geglu",

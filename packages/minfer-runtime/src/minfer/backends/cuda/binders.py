@@ -252,7 +252,8 @@ def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
     x, gate = node.inputs[:2]
     return launch(
         b, mk.kernels.gemm_swiglu, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
-        in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0],
+        in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0], workspace=b.workspace,
+        workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
 
 
@@ -355,10 +356,11 @@ def prefill_attention_workspace_bytes(node: Node, multiprocessors: int) -> int:
 
 def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
     """Bytes of a graph's one workspace: the most any of its nodes needs, decode attention (its per-head
-    counters and split results), a GEMM that splits K (its slices' partial sums; gemm_workspace_bytes) or a
-    prompt's attention that splits the cache rows (its slices' partial states), on a GPU of `multiprocessors`
-    SMs. The launches follow each other on one stream, so one buffer serves them in turn: the GEMM's and
-    prefill attention's partials are written before they are read within a launch, whatever the buffer held.
+    counters and split results), a GEMM (its x rounded to 16 bits, and its slices' partial sums where it splits
+    K; gemm_workspace_bytes, gemm_swiglu_workspace_bytes) or a prompt's attention that splits the cache rows (its
+    slices' partial states), on a GPU of `multiprocessors` SMs. The launches follow each other on one stream, so
+    one buffer serves them in turn: the GEMM's and prefill attention's contents are written before they are read
+    within a launch, whatever the buffer held.
     Not with decode attention, though: its counters must stay zeroed from one launch to the next, and the
     others' partials would overwrite them. Decode attention is a one-token graph's, prefill attention a
     graph's of more tokens and the GEMM one's of GEMM_MIN_TOKENS or more, so no model's graph mixes them; one
@@ -376,10 +378,13 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
             out_features = [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
             x = node.inputs[0]
             partials.append(mk.kernels.gemm_workspace_bytes(*out_features, x.shape[1], x.shape[0], multiprocessors))
+        elif node.op is FusedOp.GEMM_SWIGLU:
+            x = node.inputs[0]
+            partials.append(mk.kernels.gemm_swiglu_workspace_bytes(x.shape[1], x.shape[0]))
         else:
             continue
         if partials[-1] and decode:
-            raise refuse(node, "it splits its work in a graph with decode attention, whose counters it would clobber")
+            raise refuse(node, "it writes the workspace of a graph with decode attention, whose counters it clobbers")
     return max([0, *decode, *partials])
 
 
