@@ -3,7 +3,7 @@ workspace (gemm_workspace_bytes, gemm_swiglu_workspace_bytes), on any machine: n
 given.
 
 The numbers are Qwen2.5-0.5B's prefill products (d = 896, d_ff = 4864, 2 KV heads of 64) on an H200's 132 SMs,
-where the small 64 x 64 tiles give 264 block slots (two blocks per SM).
+where the small 64 x 64 tiles give 528 block slots (four blocks per SM).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ QKV = (896, 128, 128)
 @pytest.mark.parametrize(
     ("parts", "in_features", "n_tokens", "expected"),
     [
-        ((896, 0, 0), 4864, 512, 2),  # ffn_down: 112 tiles, two slices fill 224 of 264 slots
-        ((896, 0, 0), 4864, 128, 8),  # 28 tiles: 9 would fit, 8 is the most
-        ((896, 0, 0), 896, 512, 2),  # attn_output: 112 tiles, 28 steps
-        ((896, 0, 0), 896, 128, 3),  # 28 tiles, but slices of at least 8 of its 28 steps
-        ((*QKV,), 896, 512, 1),  # q|k|v: 144 tiles, no second slice fits
+        ((896, 0, 0), 4864, 512, 4),  # ffn_down: 112 tiles, four slices fill 448 of 528 slots
+        ((896, 0, 0), 4864, 128, 8),  # 28 tiles: 18 would fit, 8 is the most
+        ((896, 0, 0), 896, 512, 3),  # attn_output: 112 tiles, but slices of at least 8 of its 28 steps
+        ((896, 0, 0), 896, 128, 3),  # 28 tiles, the same
+        ((*QKV,), 896, 512, 3),  # q|k|v: 144 tiles, three slices fill 432 slots
         ((4864, 4864, 0), 896, 512, 1),  # gate|up: large tiles, 304 blocks, never split
         ((896, 0, 0), 4864, 4096, 1),  # 224 large tiles fill the SMs
         ((33, 0, 0), 32, 16, 1),  # one step: nothing to cut
@@ -39,13 +39,13 @@ def rounded_x(in_features: int, n_tokens: int) -> int:
 
 
 def test_the_workspace_holds_the_rounded_x_then_each_parts_slices():
-    assert kernels.gemm_workspace_bytes(896, 0, 0, 4864, 512, H200) == rounded_x(4864, 512) + 2 * 512 * 896 * 4
+    assert kernels.gemm_workspace_bytes(896, 0, 0, 4864, 512, H200) == rounded_x(4864, 512) + 4 * 512 * 896 * 4
     assert kernels.gemm_workspace_bytes(*QKV, 896, 128, H200) == rounded_x(896, 128) + 3 * 128 * sum(QKV) * 4
-    assert kernels.gemm_workspace_bytes(*QKV, 896, 512, H200) == rounded_x(896, 512)
+    assert kernels.gemm_workspace_bytes(4864, 4864, 0, 896, 512, H200) == rounded_x(896, 512)
     assert kernels.gemm_workspace_bytes(33, 0, 0, 32, 17, H200) == rounded_x(32, 17) == 1280
     assert kernels.gemm_swiglu_workspace_bytes(896, 512) == rounded_x(896, 512)
 
 
 def test_fewer_multiprocessors_split_less():
-    assert kernels.gemm_splits(896, 0, 0, 4864, 512, 56) == 1  # 112 slots for 112 tiles
-    assert kernels.gemm_splits(896, 0, 0, 4864, 128, 56) == 4
+    assert kernels.gemm_splits(896, 0, 0, 4864, 512, 28) == 1  # 112 slots for 112 tiles
+    assert kernels.gemm_splits(896, 0, 0, 4864, 128, 28) == 4

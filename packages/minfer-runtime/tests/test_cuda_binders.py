@@ -68,12 +68,12 @@ def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
 
 def test_a_graphs_workspace_is_the_most_any_of_its_launches_needs():
     """Qwen2.5-0.5B on an H200's 132 SMs, n_ctx 1024: a prompt's ffn_down needs its x rounded to 16 bits
-    ([n_tokens][4864]) and its slices' partial sums (2 slices of [512][896] floats at 512 tokens, 8 of [128][896]
+    ([n_tokens][4864]) and its slices' partial sums (4 slices of [512][896] floats at 512 tokens, 8 of [128][896]
     at 128), more than the prompt's attention (3 slices of the cache rows at 512 tokens, [512][14] states of
     64 + 2 floats each; 4 at 128, one per 256 rows of n_ctx) and the other GEMMs; decode attention's alone."""
     config = scaled("qwen2.5-0.5b", n_layers=2).config()
     heads, head_dim = config.n_heads, config.head_dim
-    for n_tokens, gemm_splits, attention_splits in ((512, 2, 3), (128, 8, 4)):
+    for n_tokens, gemm_splits, attention_splits in ((512, 4, 3), (128, 8, 4)):
         graph = fuse(build_graph(config, n_tokens, 1024), lambda name: int(mk.GGMLType.Q8_0))
         rounded_x = -(-n_tokens * config.d_ff * 2 // 256) * 256
         gemm = rounded_x + gemm_splits * n_tokens * config.d_model * 4

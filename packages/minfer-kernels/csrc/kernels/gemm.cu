@@ -33,7 +33,7 @@
 // (copying raw bytes further ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
 //
 // Split K. A narrow product's tiles can be too few for the GPU (ffn_down at 512 tokens: 112 64 x 64 tiles for
-// an H200's 264 block slots), and each of them walks a long K bound by its loads' latency (152 steps). Then
+// an H200's 528 block slots), and each of them walks a long K bound by its loads' latency (152 steps). Then
 // each tile's K is cut into slices (splits_for), one block each: a slice's block writes its partial tile into
 // a workspace, and gemm_sum_splits adds the slices up in slice order, so the result does not depend on which
 // block finished first.
@@ -93,9 +93,9 @@ struct TileShape {
 // register stage would not fit in 128 registers.
 using LargeTiles = TileShape<128, 128, 2, 4, 2, 1>;
 // 64 x 64, 4 warps of 32 x 32: four times as many blocks, for narrow products (N = 896) and few tokens.
-// A block alone on its SM waits for its own loads: two register stages, and the registers for them (two
-// blocks per SM; a 512-token prompt's narrow products make about one block per SM anyway).
-using SmallTiles = TileShape<64, 64, 2, 2, 2, 2>;
+// Their blocks wait for their loads: two register stages, and four blocks per SM (128 registers a thread,
+// which the 16-bit x leaves room for), whose slots split K fills (splits_for).
+using SmallTiles = TileShape<64, 64, 2, 2, 4, 2>;
 
 // Output features of one tile: BN, or paired (gemm_swiglu: a gate and an up row per feature) BN / 2.
 template <class Tiles, bool PAIRED>
@@ -1055,7 +1055,7 @@ constexpr int MIN_STEPS_PER_SPLIT = 8;
 // The slices of K of a launch (its grid.z), the one rule the launcher and gemm_workspace_bytes share. Where
 // the small tiles leave block slots (multiprocessors x SmallTiles::MIN_BLOCKS_PER_SM) empty, each tile's K
 // is cut into as many slices as fill them: a narrow product's few blocks, each bound by its loads' latency
-// over a long K (ffn_down at 512 tokens: 112 blocks for 264 slots, 152 steps each), become blocks that
+// over a long K (ffn_down at 512 tokens: 112 blocks for 528 slots, 152 steps each), become blocks that
 // walk a slice each side by side. Large tiles fill the SMs already and never split.
 int splits_for(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens, int multiprocessors) {
     if (large_tiles(out_features, n_tokens, multiprocessors)) return 1;
