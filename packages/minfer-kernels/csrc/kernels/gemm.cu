@@ -89,9 +89,13 @@ struct TileShape {
 };
 
 // 128 x 128, 8 warps of 64 x 32: the most reuse per byte loaded, for products that give every SM a tile.
-// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products; a second
-// register stage would not fit in 128 registers.
-using LargeTiles = TileShape<128, 128, 2, 4, 2, 1>;
+// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products. A second
+// register stage fits those registers where a thread's part of a block is at most 20 bytes (Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, IQ4_NL, IQ4_XS: no spills, ptxas sm_90); the K-quants' and the float formats' parts would spill.
+template <int REGISTER_STAGES>
+using LargeTileShape = TileShape<128, 128, 2, 4, 2, REGISTER_STAGES>;
+template <class Format>
+using LargeTiles = LargeTileShape<sizeof(typename Format::Raw) <= 20 ? 2 : 1>;
 // 64 x 64, 4 warps of 32 x 32: four times as many blocks, for narrow products (N = 896) and few tokens.
 // Their blocks wait for their loads: two register stages, and four blocks per SM (128 registers a thread,
 // which the 16-bit x leaves room for), whose slots split K fills (splits_for).
@@ -655,9 +659,9 @@ struct StepRegisters {
     typename Format::Raw w[Tiles::W_PARTS_PER_THREAD];
 };
 
-// Where a block's steps come from: x rounded to the Operand (round_x), W (paired: the gate's, and the up's rows in up_weight), the block's
-// first token and first row (paired: its first feature), and its slice's first step (step s of the block is
-// step first_step + s of the rows).
+// Where a block's steps come from: x rounded to the Operand (round_x), W (paired: the gate's, and the up's rows
+// in up_weight), the block's first token and first row (paired: its first feature), and its slice's first step
+// (step s of the block is step first_step + s of the rows).
 struct StepSource {
     const std::uint16_t* x;  // [n_tokens][in_features] 16-bit values
     const std::uint8_t* weight;
@@ -712,7 +716,8 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
-        *reinterpret_cast<uint4*>(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8) = regs.x[v];
+        Operand<Format>* out = x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8;
+        *reinterpret_cast<uint4*>(out) = regs.x[v];
     }
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
@@ -825,7 +830,8 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
                                               const StepRegisters<Tiles, Format>& store_stage,
                                               const StepSource& source,
                                               Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
-                                              Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE], int step, int n_steps,
+                                              Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE], int step,
+                                              int n_steps,
                                               int rows_left, int warp_row, int warp_column) {
     const int current = step % 2;
     if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
@@ -1042,7 +1048,7 @@ long long tile_count(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens) {
 // narrow products (N = 896: 112 blocks) and short prompts still spread over the GPU.
 template <bool PAIRED = false>
 bool large_tiles(const int (&out_features)[MAX_GEMM_PARTS], int n_tokens, int multiprocessors) {
-    return tile_count<LargeTiles, PAIRED>(out_features, n_tokens) >= multiprocessors;
+    return tile_count<LargeTileShape<1>, PAIRED>(out_features, n_tokens) >= multiprocessors;  // any stage count
 }
 
 // At most this many slices of K: each adds a pass over the launch's outputs through the workspace, while
@@ -1134,7 +1140,7 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
 template <class Format, bool PAIRED>
 cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
     if (large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors))
-        return launch_tiles<LargeTiles, Format, PAIRED>(p, splits, stream);  // splits_for never splits them
+        return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);  // splits_for never splits them
     return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
 }
 
