@@ -38,6 +38,10 @@
 // a workspace, and gemm_sum_splits adds the slices up in slice order, so the result does not depend on which
 // block finished first.
 //
+// Launches. round_x, the tiles and the split sum are each launched overlapped (common.cuh, programmatic
+// dependent launch): a kernel's blocks start while the kernel before it ends, instead of after the GPU has
+// drained, and the tiles have their first step's weights in flight before they wait for x.
+//
 // Epilogues. y = residual + (sum + bias) as the whole sum is stored (gemm_sum_splits's store with split K).
 // Paired (launch_gemm_swiglu), the W tile holds gate and up rows in turns of 8 (tile_feature), so that a
 // thread's accumulators hold both sums of its features, and the store is h = silu(gate) * up.
@@ -689,8 +693,8 @@ __device__ __forceinline__ const std::uint8_t* tile_weight(const StepSource& sou
 // consecutive threads read consecutive 16 bytes of a row (coalesced). W tile: BN rows x one block, two parts per
 // block, consecutive threads walking down the rows. Tokens past n_tokens and rows past out_features are
 // not read; they are stored as zeros.
-template <bool PAIRED, class Tiles, class Format>
-__device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
+template <class Tiles, class Format>
+__device__ __forceinline__ void load_x_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
@@ -700,6 +704,10 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
                         ? *reinterpret_cast<const uint4*>(source.x + std::size_t(token) * source.in_features + column)
                         : make_uint4(0, 0, 0, 0);
     }
+}
+
+template <bool PAIRED, class Tiles, class Format>
+__device__ __forceinline__ void load_w_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
         const int i = threadIdx.x + p * Tiles::THREADS;
@@ -708,6 +716,12 @@ __device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, co
             regs.w[p] = Format::load(tile_weight<PAIRED>(source, i / 2) + row * source.row_bytes,
                                      source.first_step + step, i % 2);
     }
+}
+
+template <bool PAIRED, class Tiles, class Format>
+__device__ __forceinline__ void load_step(StepRegisters<Tiles, Format>& regs, const StepSource& source, int step) {
+    load_x_step(regs, source, step);
+    load_w_step<PAIRED>(regs, source, step);
 }
 
 template <bool PAIRED, class Tiles, class Format>
@@ -922,7 +936,12 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     StepRegisters<Tiles, Format> even, odd;  // with one register stage, `even` serves every step
     const StepSource source{x,           weight,    PAIRED ? parts.weight[1] : nullptr, row_bytes, in_features,
                             n_tokens,    out_features, first_token, first_row,   first_step};
-    load_step<PAIRED>(even, source, 0);
+    // The weights are no earlier kernel's output: step 0's are in flight while the kernel before (round_x)
+    // finishes; x, and every store, wait for it (launch_overlapped).
+    load_w_step<PAIRED>(even, source, 0);
+    wait_for_previous_kernel();
+    allow_next_kernel();
+    load_x_step(even, source, 0);
     store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
     if constexpr (Tiles::REGISTER_STAGES == 1) {
         if (n_steps > 1) load_step<PAIRED>(even, source, 1);
@@ -987,6 +1006,8 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
 // the [n_tokens][in_features] x.
 template <class Op>
 __global__ void round_x(const float* __restrict__ x, std::uint16_t* __restrict__ rounded, long long n_vectors) {
+    wait_for_previous_kernel();
+    allow_next_kernel();
     const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
     if (i >= n_vectors) return;
     const float4 low = reinterpret_cast<const float4*>(x)[2 * i];
@@ -1001,6 +1022,8 @@ __global__ void round_x(const float* __restrict__ x, std::uint16_t* __restrict__
 // Thread: output i of the launch's n_tokens x all_outputs, token i / all_outputs, column i % all_outputs of
 // one token's outputs of every part in turn.
 __global__ void gemm_sum_splits(GemmParts parts, int splits, int n_tokens, int all_outputs) {
+    wait_for_previous_kernel();
+    allow_next_kernel();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_tokens * all_outputs) return;
     const int token = i / all_outputs;
@@ -1117,24 +1140,25 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     // grid.x: ceil(n_vectors / 256) blocks, a thread per 8 values of x.
     const long long n_vectors = static_cast<long long>(p.n_tokens) * p.in_features / 8;
     constexpr int ROUND_BLOCK = 256;
-    round_x<Operand<Format>><<<unsigned((n_vectors + ROUND_BLOCK - 1) / ROUND_BLOCK), ROUND_BLOCK, 0, stream>>>(
-        p.x, rounded_x, n_vectors);
-    if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
+    if (const cudaError_t failed =
+            launch_overlapped(round_x<Operand<Format>>, dim3(unsigned((n_vectors + ROUND_BLOCK - 1) / ROUND_BLOCK)),
+                              dim3(ROUND_BLOCK), 0, stream, p.x, rounded_x, n_vectors);
+        failed != cudaSuccess)
+        return failed;
     // grid.x: the tiles of output features, BN each (paired: BN / 2), of every part in turn; grid.y:
     // ceil(n_tokens / BM) tiles of tokens; grid.z: the slices of K (splits_for). Blocks next to each other in x
     // share their x rows, which then stay in L2 while W streams past.
     const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
     const long long weight_row_bytes = row_bytes(p.type, p.in_features);
-    gemm_tensor_cores<Tiles, Format, PAIRED>
-        <<<grid, Tiles::THREADS, 0, stream>>>(parts, weight_row_bytes, rounded_x, p.in_features, p.n_tokens);
-    if (splits == 1) return cudaGetLastError();
-    if (const cudaError_t failed = cudaGetLastError(); failed != cudaSuccess) return failed;
+    const cudaError_t multiplied = launch_overlapped(gemm_tensor_cores<Tiles, Format, PAIRED>, grid,
+                                                     dim3(Tiles::THREADS), 0, stream, parts, weight_row_bytes,
+                                                     rounded_x, p.in_features, p.n_tokens);
+    if (splits == 1 || multiplied != cudaSuccess) return multiplied;
     // grid.x: ceil(n_tokens * columns / 256) blocks, one thread per output of every part. A split launch
     // has fewer tiles than block slots, so its outputs (under slots x BM x BN) count within an int.
     constexpr int SUM_BLOCK = 256;
-    gemm_sum_splits<<<ceil_div(p.n_tokens * columns, SUM_BLOCK), SUM_BLOCK, 0, stream>>>(parts, splits, p.n_tokens,
-                                                                                         columns);
-    return cudaGetLastError();
+    return launch_overlapped(gemm_sum_splits, dim3(ceil_div(p.n_tokens * columns, SUM_BLOCK)), dim3(SUM_BLOCK), 0,
+                             stream, parts, splits, p.n_tokens, columns);
 }
 
 template <class Format, bool PAIRED>
