@@ -15,7 +15,7 @@
 // (76 times at Qwen2.5-0.5B's gate|up), so 16-bit x halves those reads, a thread's registers staging them, and
 // the conversions.
 //
-// BF16 weights go through bf16 instead (Operand): W's bytes are stored as they are (exact, no decode, and
+// BF16 weights go through bf16 instead (Operand): W's bytes are copied as they are (exact, no decode, and
 // no f16 overflow of bfloat16's range), x is rounded to bf16 (relative error <= 2^-9: four times f16's, the
 // price of bf16's range), and the tensor cores multiply bf16 — the arithmetic llama.cpp's own BF16 GEMM does
 // (cuBLAS on bf16 operands, x converted to bf16). Decoding each weight to f16 instead cost a float conversion
@@ -29,8 +29,10 @@
 //   2. multiply the current step's tiles, already in shared memory, on the tensor cores,
 //   3. decode the registers to f16 and store them into the other shared-memory buffer,
 // then meet at one barrier. The global loads of step 1 are in flight while step 2 computes: two
-// shared-memory buffers and one or two register stages (pipeline_step) hide part of the load latency
-// (copying raw bytes further ahead with sm_80's cp.async is the next step: docs/PERFORMANCE.md, "Prefill").
+// shared-memory buffers and one or two register stages (multiply_staged_steps) hide part of the load latency.
+// F16 and BF16 weights need no decoding, and neither does the rounded x: for them the step's bytes go straight
+// from global to shared memory by sm_80's cp.async (async_copy.cuh), up to four stages of them, three steps
+// of copies in flight while the tensor cores multiply (multiply_copied_steps).
 //
 // Split K. A narrow product's tiles can be too few for the GPU (ffn_down at 512 tokens: 112 64 x 64 tiles for
 // an H200's 528 block slots), and each of them walks a long K bound by its loads' latency (152 steps). Then
@@ -56,6 +58,7 @@
 #include <climits>
 #include <type_traits>
 
+#include "async_copy.cuh"
 #include "common.cuh"
 #include "ggml_formats.cuh"
 #include "launchers.h"
@@ -87,19 +90,20 @@ struct TileShape {
     static constexpr int FRAGS_N = WARP_N / 8;    // 8-column accumulator fragments along N
     static constexpr int X_VECTORS_PER_THREAD = BM * X_VECTORS_PER_ROW / THREADS;
     static constexpr int W_PARTS_PER_THREAD = 2 * BN / THREADS;  // a part is half a block: 16 weights
+    // Shared-memory stages of the copied formats' pipeline (multiply_copied_steps): as many x-and-W stages as fit
+    // the 48 KB of static shared memory a block may declare, at most four (three steps of copies in flight).
+    static constexpr int STAGE_BYTES = (BM + BN) * TILE_STRIDE * 2;
+    static constexpr int COPY_STAGES = 48 * 1024 / STAGE_BYTES < 4 ? 48 * 1024 / STAGE_BYTES : 4;
     static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp pieces are whole 16 x 16 fragments");
     static_assert(BM * X_VECTORS_PER_ROW % THREADS == 0, "the x tile splits evenly over the threads");
     static_assert(2 * BN % THREADS == 0, "the W tile's half blocks split evenly over the threads");
 };
 
 // 128 x 128, 8 warps of 64 x 32: the most reuse per byte loaded, for products that give every SM a tile.
-// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products. A second
-// register stage fits those registers where a thread's part of a block is at most 20 bytes (Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0, IQ4_NL, IQ4_XS: no spills, ptxas sm_90); the K-quants' and the float formats' parts would spill.
+// Two blocks per SM (128 registers per thread), so one block's loads overlap the other's products. Its register
+// stages depend on the format (LargeTiles, below the formats).
 template <int REGISTER_STAGES>
 using LargeTileShape = TileShape<128, 128, 2, 4, 2, REGISTER_STAGES>;
-template <class Format>
-using LargeTiles = LargeTileShape<sizeof(typename Format::Raw) <= 20 ? 2 : 1>;
 // 64 x 64, 4 warps of 32 x 32: four times as many blocks, for narrow products (N = 896) and few tokens.
 // Their blocks wait for their loads: two register stages, and four blocks per SM (128 registers a thread,
 // which the 16-bit x leaves room for), whose slots split K fills (splits_for).
@@ -584,32 +588,11 @@ struct IQ4_XSTile {
     }
 };
 
-struct F16Tile {
-    static constexpr int PART_STRIDE = 16;
-    static constexpr int RUN_STRIDE = 8;
-    struct Raw {
-        uint4 values[2];
-    };
-    __device__ static Raw load(const std::uint8_t* row, int block, int part) {
-        // Rows of 32k f16 are 64-byte multiples; the launcher checked the base is 16-byte aligned.
-        const uint4* vectors = reinterpret_cast<const uint4*>(row) + 4 * block + 2 * part;
-        return {{vectors[0], vectors[1]}};
-    }
-    __device__ static void decode(const Raw& raw, std::uint32_t (&words)[8]) {
-        const uint4 first = raw.values[0];
-        const uint4 second = raw.values[1];
-        words[0] = first.x;
-        words[1] = first.y;
-        words[2] = first.z;
-        words[3] = first.w;
-        words[4] = second.x;
-        words[5] = second.y;
-        words[6] = second.z;
-        words[7] = second.w;
-    }
-};
+// f16 weights: nothing to decode, the rows' bytes are the tile (copied_as_operand). Rows of 32k f16 are 64-byte
+// multiples; the launcher checked the base is 16-byte aligned, so every step of a row is four 16-byte copies.
+struct F16Tile {};
 
-// bfloat16 weights, stored to shared memory as they are: the tensor cores multiply them as bf16 (OperandOf).
+// bfloat16 weights, copied as they are: the tensor cores multiply them as bf16 (OperandOf).
 struct BF16Tile : F16Tile {};
 
 struct F32Tile {
@@ -642,6 +625,26 @@ struct OperandOf<BF16Tile> {
 };
 template <class Format>
 using Operand = typename OperandOf<Format>::type;
+
+// Formats whose bytes are the operand (F16, and BF16, an F16Tile too): their W tile is a copy
+// of the rows' bytes, like x's, so both go to shared memory by cp.async (multiply_copied_steps), no register
+// holding them on the way; the other formats' blocks are decoded through registers (multiply_staged_steps).
+template <class Format>
+constexpr bool copied_as_operand = std::is_base_of_v<F16Tile, Format>;
+
+// LargeTiles' register stages: a second one fits the 128 registers where a thread's part of a block is at most
+// 20 bytes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS: no spills, ptxas sm_90); the K-quants' and F32's
+// parts would spill. The copied formats hold nothing in registers (their stages are COPY_STAGES).
+template <class Format, bool COPIED = copied_as_operand<Format>>
+struct LargeTileRegisterStages {
+    static constexpr int value = sizeof(typename Format::Raw) <= 20 ? 2 : 1;
+};
+template <class Format>
+struct LargeTileRegisterStages<Format, true> {
+    static constexpr int value = 1;
+};
+template <class Format>
+using LargeTiles = LargeTileShape<LargeTileRegisterStages<Format>::value>;
 
 // Two floats rounded to the Operand pair of one 32-bit word of a shared-memory tile, the first in the low half.
 template <class Op>
@@ -743,6 +746,38 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
         Operand<Format>* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
         *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
         *reinterpret_cast<uint4*>(out + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
+    }
+}
+
+// The copied formats' step: x's and W's 32 columns of each tile row straight into a shared-memory stage, 16 bytes
+// (8 values) a copy, in the layout store_step writes (a row's values in order, TILE_STRIDE apart); rows past
+// n_tokens or out_features are filled with zeros. Copy c of a tile is row c / 4, values 8 (c % 4) onwards.
+template <class Tiles, class Format>
+__device__ __forceinline__ void copy_x_step(Operand<Format>* x_tile, const StepSource& source, int step) {
+#pragma unroll
+    for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
+        const int i = threadIdx.x + v * Tiles::THREADS;
+        const int token = source.first_token + i / X_VECTORS_PER_ROW;
+        const bool valid = token < source.n_tokens;
+        const int column = (source.first_step + step) * K_STEP + (i % X_VECTORS_PER_ROW) * 8;
+        copy_16_async(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8,
+                      source.x + std::size_t(valid ? token : 0) * source.in_features + column, valid);
+    }
+}
+
+template <bool PAIRED, class Tiles, class Format>
+__device__ __forceinline__ void copy_w_step(Operand<Format>* w_tile, const StepSource& source, int step) {
+    constexpr int COPIES_PER_THREAD = Tiles::BN * X_VECTORS_PER_ROW / Tiles::THREADS;
+    static_assert(Tiles::BN * X_VECTORS_PER_ROW % Tiles::THREADS == 0, "the W tile's copies split evenly");
+#pragma unroll
+    for (int c = 0; c < COPIES_PER_THREAD; ++c) {
+        const int i = threadIdx.x + c * Tiles::THREADS;
+        const int tile_row = i / X_VECTORS_PER_ROW;
+        const int row = source.first_row + tile_feature<PAIRED>(tile_row);
+        const bool valid = row < source.out_features;
+        const std::uint8_t* bytes = tile_weight<PAIRED>(source, tile_row) + (valid ? row : 0) * source.row_bytes +
+                                    (source.first_step + step) * K_STEP * 2 + (i % X_VECTORS_PER_ROW) * 16;
+        copy_16_async(w_tile + tile_row * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8, bytes, valid);
     }
 }
 
@@ -854,6 +889,83 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
     __syncthreads();
 }
 
+// The decoded formats' steps, their blocks through registers. Two register stages: the even steps' loads and the
+// odd steps'. At the start of step s, shared buffer s % 2 holds step s, the stage of s + 1 has its loads in
+// flight and the stage of s is free (stored at the end of step s - 1). Step s then loads step s + 2 into the free
+// stage, multiplies, stores step s + 1 into the other buffer (last read in step s - 1, before the barrier that
+// ended it) and meets the barrier: a load has two steps of products to arrive in, not one. With one register
+// stage, `even` serves every step.
+template <class Tiles, class Format, bool PAIRED>
+__device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
+                                                      const StepSource& source,
+                                                      Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
+                                                      Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE],
+                                                      int n_steps, int rows_left, int warp_row, int warp_column) {
+    StepRegisters<Tiles, Format> even, odd;
+    // The weights are no earlier kernel's output: step 0's are in flight while the kernel before (round_x)
+    // finishes; x, and every store, wait for it (launch_overlapped).
+    load_w_step<PAIRED>(even, source, 0);
+    wait_for_previous_kernel();
+    allow_next_kernel();
+    load_x_step(even, source, 0);
+    store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
+    if constexpr (Tiles::REGISTER_STAGES == 1) {
+        if (n_steps > 1) load_step<PAIRED>(even, source, 1);
+        __syncthreads();
+        for (int step = 0; step < n_steps; ++step)
+            pipeline_step<Tiles, 1, PAIRED>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left,
+                                            warp_row, warp_column);
+    } else {
+        if (n_steps > 1) load_step<PAIRED>(odd, source, 1);
+        __syncthreads();
+        // Two steps per trip, so that each stage is a fixed set of registers.
+        for (int step = 0; step < n_steps; step += 2) {
+            pipeline_step<Tiles, 2, PAIRED>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left,
+                                            warp_row, warp_column);
+            if (step + 1 < n_steps)
+                pipeline_step<Tiles, 2, PAIRED>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps,
+                                                rows_left, warp_row, warp_column);
+        }
+    }
+}
+
+// The copied formats' steps: STAGES = Tiles::COPY_STAGES shared-memory stages, step s in stage s % STAGES, the
+// copies of STAGES - 1 steps in flight (one commit group a step, empty past the last step, so that the wait's
+// count is a count of steps). Step s waits for its own group, meets the barrier (after which every thread's
+// copies of step s are visible, and every warp is done with step s - 1's stage), refills that stage with step
+// s + STAGES - 1 and multiplies step s while the copies run.
+template <class Tiles, class Format, bool PAIRED>
+__device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
+                                                      const StepSource& source,
+                                                      Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
+                                                      Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE],
+                                                      int n_steps, int warp_row, int warp_column) {
+    constexpr int STAGES = Tiles::COPY_STAGES;
+    // The weights are no earlier kernel's output: the first stages' copies run while the kernel before (round_x)
+    // finishes; x's wait for it (launch_overlapped). They join step 0's group, which the first wait then covers.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < n_steps) copy_w_step<PAIRED, Tiles, Format>(w_tiles[s], source, s);
+    wait_for_previous_kernel();
+    allow_next_kernel();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_steps) copy_x_step<Tiles, Format>(x_tiles[s], source, s);
+        commit_copies();
+    }
+    for (int step = 0; step < n_steps; ++step) {
+        wait_for_copies<STAGES - 2>();
+        __syncthreads();
+        const int refill = step + STAGES - 1;
+        if (refill < n_steps) {
+            copy_w_step<PAIRED, Tiles, Format>(w_tiles[refill % STAGES], source, refill);
+            copy_x_step<Tiles, Format>(x_tiles[refill % STAGES], source, refill);
+        }
+        commit_copies();
+        multiply_step<Tiles>(acc, x_tiles[step % STAGES], w_tiles[step % STAGES], warp_row, warp_column);
+    }
+}
+
 // ---- The kernel -----------------------------------------------------------------------------------------
 
 // The products of one launch: up to MAX_GEMM_PARTS weights of one type and row length that multiply the
@@ -907,8 +1019,9 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_tensor_cores(GemmParts parts, long long row_bytes, const std::uint16_t* __restrict__ x, int in_features,
                       int n_tokens) {
     static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
-    __shared__ __align__(16) Operand<Format> x_tiles[2][Tiles::BM * TILE_STRIDE];
-    __shared__ __align__(16) Operand<Format> w_tiles[2][Tiles::BN * TILE_STRIDE];
+    constexpr int STAGES = copied_as_operand<Format> ? Tiles::COPY_STAGES : 2;
+    __shared__ __align__(16) Operand<Format> x_tiles[STAGES][Tiles::BM * TILE_STRIDE];
+    __shared__ __align__(16) Operand<Format> w_tiles[STAGES][Tiles::BN * TILE_STRIDE];
 
     const int tile = blockIdx.x;
     const int part = part_of(tile, parts.first_tile);
@@ -928,39 +1041,13 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     const int rows_left = out_features - first_row;
 
     float acc[Tiles::FRAGS_M][Tiles::FRAGS_N][4] = {};
-    // Two register stages: the even steps' loads and the odd steps'. At the start of step s, shared buffer
-    // s % 2 holds step s, the stage of s + 1 has its loads in flight and the stage of s is free (stored at
-    // the end of step s - 1). Step s then loads step s + 2 into the free stage, multiplies, stores step s + 1
-    // into the other buffer (last read in step s - 1, before the barrier that ended it) and meets the barrier:
-    // a load has two steps of products to arrive in, not one.
-    StepRegisters<Tiles, Format> even, odd;  // with one register stage, `even` serves every step
     const StepSource source{x,           weight,    PAIRED ? parts.weight[1] : nullptr, row_bytes, in_features,
                             n_tokens,    out_features, first_token, first_row,   first_step};
-    // The weights are no earlier kernel's output: step 0's are in flight while the kernel before (round_x)
-    // finishes; x, and every store, wait for it (launch_overlapped).
-    load_w_step<PAIRED>(even, source, 0);
-    wait_for_previous_kernel();
-    allow_next_kernel();
-    load_x_step(even, source, 0);
-    store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
-    if constexpr (Tiles::REGISTER_STAGES == 1) {
-        if (n_steps > 1) load_step<PAIRED>(even, source, 1);
-        __syncthreads();
-        for (int step = 0; step < n_steps; ++step)
-            pipeline_step<Tiles, 1, PAIRED>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left,
-                                            warp_row, warp_column);
-    } else {
-        if (n_steps > 1) load_step<PAIRED>(odd, source, 1);
-        __syncthreads();
-        // Two steps per trip, so that each stage is a fixed set of registers.
-        for (int step = 0; step < n_steps; step += 2) {
-            pipeline_step<Tiles, 2, PAIRED>(acc, even, odd, source, x_tiles, w_tiles, step, n_steps, rows_left,
-                                            warp_row, warp_column);
-            if (step + 1 < n_steps)
-                pipeline_step<Tiles, 2, PAIRED>(acc, odd, even, source, x_tiles, w_tiles, step + 1, n_steps,
-                                                rows_left, warp_row, warp_column);
-        }
-    }
+    if constexpr (copied_as_operand<Format>)
+        multiply_copied_steps<Tiles, Format, PAIRED>(acc, source, x_tiles, w_tiles, n_steps, warp_row, warp_column);
+    else
+        multiply_staged_steps<Tiles, Format, PAIRED>(acc, source, x_tiles, w_tiles, n_steps, rows_left, warp_row,
+                                                     warp_column);
 
     if constexpr (PAIRED) {
         // h = silu(gate) * up, silu as swiglu_f32 computes it (common.cuh). Fragment j (even) and j + 1 hold the
