@@ -91,9 +91,11 @@ struct TileShape {
     static constexpr int X_VECTORS_PER_THREAD = BM * X_VECTORS_PER_ROW / THREADS;
     static constexpr int W_PARTS_PER_THREAD = 2 * BN / THREADS;  // a part is half a block: 16 weights
     // Shared-memory stages of the copied formats' pipeline (multiply_copied_steps): as many x-and-W stages as fit
-    // the 48 KB of static shared memory a block may declare, at most four (three steps of copies in flight).
+    // the 64 KB of shared memory a block may have on the smallest GPU the kernel runs on (sm_75), at most four
+    // (three steps of copies in flight): SmallTiles four (40 KB), LargeTiles three (60 KB, two blocks an SM on
+    // an H200).
     static constexpr int STAGE_BYTES = (BM + BN) * TILE_STRIDE * 2;
-    static constexpr int COPY_STAGES = 48 * 1024 / STAGE_BYTES < 4 ? 48 * 1024 / STAGE_BYTES : 4;
+    static constexpr int COPY_STAGES = 64 * 1024 / STAGE_BYTES < 4 ? 64 * 1024 / STAGE_BYTES : 4;
     static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp pieces are whole 16 x 16 fragments");
     static_assert(BM * X_VECTORS_PER_ROW % THREADS == 0, "the x tile splits evenly over the threads");
     static_assert(2 * BN % THREADS == 0, "the W tile's half blocks split evenly over the threads");
@@ -646,6 +648,18 @@ struct LargeTileRegisterStages<Format, true> {
 template <class Format>
 using LargeTiles = LargeTileShape<LargeTileRegisterStages<Format>::value>;
 
+// Shared-memory stages of a block: the copied formats' COPY_STAGES, the decoded formats' two buffers
+// (multiply_staged_steps); and their bytes, the kernel's dynamic shared memory.
+template <class Tiles, class Format>
+__host__ __device__ constexpr int shared_stages() {
+    return copied_as_operand<Format> ? Tiles::COPY_STAGES : 2;
+}
+
+template <class Tiles, class Format>
+__host__ __device__ constexpr int tile_bytes() {
+    return shared_stages<Tiles, Format>() * Tiles::STAGE_BYTES;
+}
+
 // Two floats rounded to the Operand pair of one 32-bit word of a shared-memory tile, the first in the low half.
 template <class Op>
 __device__ __forceinline__ std::uint32_t round_pair(float low, float high) {
@@ -940,7 +954,7 @@ __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_
                                                       Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
                                                       Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE],
                                                       int n_steps, int warp_row, int warp_column) {
-    constexpr int STAGES = Tiles::COPY_STAGES;
+    constexpr int STAGES = shared_stages<Tiles, Format>();
     // The weights are no earlier kernel's output: the first stages' copies run while the kernel before (round_x)
     // finishes; x's wait for it (launch_overlapped). They join step 0's group, which the first wait then covers.
 #pragma unroll
@@ -1019,9 +1033,11 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_tensor_cores(GemmParts parts, long long row_bytes, const std::uint16_t* __restrict__ x, int in_features,
                       int n_tokens) {
     static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
-    constexpr int STAGES = copied_as_operand<Format> ? Tiles::COPY_STAGES : 2;
-    __shared__ __align__(16) Operand<Format> x_tiles[STAGES][Tiles::BM * TILE_STRIDE];
-    __shared__ __align__(16) Operand<Format> w_tiles[STAGES][Tiles::BN * TILE_STRIDE];
+    // The stages (tile_bytes<Tiles, Format>(), dynamic shared memory): every x tile, then every W tile.
+    extern __shared__ __align__(16) std::uint8_t stage_memory[];
+    auto* x_tiles = reinterpret_cast<Operand<Format>(*)[Tiles::BM * TILE_STRIDE]>(stage_memory);
+    auto* w_tiles = reinterpret_cast<Operand<Format>(*)[Tiles::BN * TILE_STRIDE]>(
+        stage_memory + std::size_t(shared_stages<Tiles, Format>()) * Tiles::BM * TILE_STRIDE * sizeof(Operand<Format>));
 
     const int tile = blockIdx.x;
     const int part = part_of(tile, parts.first_tile);
@@ -1237,9 +1253,16 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     // share their x rows, which then stay in L2 while W streams past.
     const dim3 grid(tiles, ceil_div(p.n_tokens, Tiles::BM), splits);
     const long long weight_row_bytes = row_bytes(p.type, p.in_features);
-    const cudaError_t multiplied = launch_overlapped(gemm_tensor_cores<Tiles, Format, PAIRED>, grid,
-                                                     dim3(Tiles::THREADS), 0, stream, parts, weight_row_bytes,
-                                                     rounded_x, p.in_features, p.n_tokens);
+    // Beyond 48 KB a kernel's dynamic shared memory needs the attribute (set before every launch: it is per
+    // kernel, and cheap; gemv_int8 does the same inside captured graphs).
+    constexpr int shared_bytes = tile_bytes<Tiles, Format>();
+    const auto kernel = gemm_tensor_cores<Tiles, Format, PAIRED>;
+    if (const cudaError_t failed =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+        failed != cudaSuccess)
+        return failed;
+    const cudaError_t multiplied = launch_overlapped(kernel, grid, dim3(Tiles::THREADS), shared_bytes, stream, parts,
+                                                     weight_row_bytes, rounded_x, p.in_features, p.n_tokens);
     if (splits == 1 || multiplied != cudaSuccess) return multiplied;
     // grid.x: ceil(n_tokens * columns / 256) blocks, one thread per output of every part. A split launch
     // has fewer tiles than block slots, so its outputs (under slots x BM x BN) count within an int.
