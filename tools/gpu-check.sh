@@ -71,7 +71,8 @@ print_summary() {
         for log in tests.log memcheck.log runtime-cuda.log run-memcheck.log; do
             if [ -f "$LOGS/$log" ]; then
                 echo "--- $log"
-                grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s|ERROR SUMMARY" "$LOGS/$log" || true
+                grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s|ERROR SUMMARY|^FAIL  shard" \
+                    "$LOGS/$log" || true
             fi
         done
         for log in "$LOGS"/bench.log "$LOGS"/bench-*.log; do
@@ -124,11 +125,12 @@ wanted kernels && run_step "kernel tests" tests.log \
     env MINFER_REQUIRE_GPU=1 timeout "${MINFER_TEST_TIMEOUT:-600}" \
     "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" packages/minfer-kernels/tests
 
-# 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode). It runs on the test steps'
-# workers: compute-sanitizer follows every process the run starts (--target-processes all), and one process
-# alone takes longer than a 10-minute device call over the whole suite. A test that hangs under the sanitizer
-# (session 20: every memcheck pass since step 36 printed no result before its timeout) is ended by pytest-timeout's
-# thread method, which prints every thread's stack first: the pass then names the test instead of saying nothing.
+# 4. The memcheck pass: any invalid device memory access fails it (--error-exitcode). One process alone takes longer
+# than a 10-minute device call over the whole suite, and pytest-xdist's workers under one sanitizer
+# (--target-processes all) hang before their first test (session 21: 4 or 12 workers, even over 12 tests), so
+# tools/memcheck_shards.py deals the tests into MINFER_TEST_WORKERS shards, each one pytest process under its own
+# sanitizer; a shard still running at MINFER_MEMCHECK_TIMEOUT is killed with its children and named with the test
+# it was in. A test that hangs is ended sooner by pytest-timeout's thread method, which prints every thread's stack.
 if ! wanted memcheck; then
     :
 elif command -v compute-sanitizer >/dev/null; then
@@ -136,14 +138,14 @@ elif command -v compute-sanitizer >/dev/null; then
     if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
         TEST_TIMEOUT=(--timeout "${MINFER_MEMCHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
     fi
-    # What else holds the GPU (a killed pass's sanitized workers can outlive it): listed, for the record.
+    # What else holds the GPU (a killed pass's sanitized processes can outlive it): listed, for the record.
     echo "GPU processes before the memcheck pass:"
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader || true
     run_step "kernel tests under compute-sanitizer memcheck" memcheck.log \
-        env MINFER_REQUIRE_GPU=1 timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" \
-        compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 \
-        "$PYTHON" -m pytest -q -ra -p no:cacheprovider "${WORKERS[@]}" "${TEST_TIMEOUT[@]}" --durations=10 \
-        -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" packages/minfer-kernels/tests
+        env MINFER_REQUIRE_GPU=1 "$PYTHON" tools/memcheck_shards.py --shards "${MINFER_TEST_WORKERS:-4}" \
+        --timeout "${MINFER_MEMCHECK_TIMEOUT:-1200}" --logs "$LOGS/memcheck" \
+        -m "${MINFER_MEMCHECK_SELECT:-not provokes_cuda_error}" packages/minfer-kernels/tests \
+        -- -ra --durations=5 "${TEST_TIMEOUT[@]}"
 else
     SUMMARY+=("FAIL  memcheck: compute-sanitizer not found (looked on PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)")
     STATUS=1
