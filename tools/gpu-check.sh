@@ -136,7 +136,7 @@ if ! wanted memcheck; then
 elif command -v compute-sanitizer >/dev/null; then
     TEST_TIMEOUT=()
     if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
-        TEST_TIMEOUT=(--timeout "${MINFER_MEMCHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
+        TEST_TIMEOUT=(-p pytest_timeout --timeout "${MINFER_MEMCHECK_TEST_TIMEOUT:-240}" --timeout-method thread)
     fi
     # What else holds the GPU (a killed pass's sanitized processes can outlive it): listed, for the record.
     echo "GPU processes before the memcheck pass:"

@@ -6,6 +6,9 @@ or 12 workers printed nothing after "bringing up nodes..." until its timeout, ev
 one process, while one pytest process under its own sanitizer ran every test it was given in seconds. A shard is
 that shape. A shard that still hangs is killed with its whole process group at the deadline and named, with the
 test it was running (the shards run `pytest -v`, which prints a test's id before running it); the others report.
+The collection and the shards load no plugin of the machine's own (PYTEST_DISABLE_PLUGIN_AUTOLOAD: the H200's
+Python has torch's and pytest-benchmark's, and under the sanitizer a process pays for every CUDA library it
+loads); a plugin the pass wants comes in PYTEST_ARGS (`-p pytest_timeout --timeout 240`).
 
     python tools/memcheck_shards.py [--shards N] [--timeout S] [--logs DIR] [-m EXPR] PATH... [-- PYTEST_ARGS...]
 
@@ -26,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+ONLY_OWN_PLUGINS = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 MEMCHECK = "compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 20"
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
 SANITIZER_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) errors?")
@@ -44,7 +48,7 @@ def collect(paths: list[str], markers: str | None) -> list[str]:
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths]
     if markers:
         command += ["-m", markers]
-    collected = subprocess.run(command, capture_output=True, text=True)
+    collected = subprocess.run(command, capture_output=True, text=True, env=ONLY_OWN_PLUGINS)
     if collected.returncode not in (0, 5):
         raise SystemExit(f"memcheck_shards: collecting {' '.join(paths)} failed:\n{collected.stdout}{collected.stderr}")
     return [line for line in collected.stdout.splitlines() if "::" in line]
@@ -109,7 +113,12 @@ def run_shards(
         command = [*sanitizer, sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *pytest_args, *group]
         with open(log_path, "w") as log:
             running.append(
-                (log_path, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                (
+                    log_path,
+                    subprocess.Popen(
+                        command, stdout=log, stderr=subprocess.STDOUT, env=ONLY_OWN_PLUGINS, start_new_session=True
+                    ),
+                )
             )
     deadline = time.monotonic() + timeout
     outcomes = []
