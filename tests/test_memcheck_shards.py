@@ -86,7 +86,10 @@ def test_every_selected_test_runs_once_and_the_pass_is_green(
             assert False
         """,
     )
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    provokes_cuda_error: makes a CUDA call fail\n")
+    # The suite's own configuration makes its folder pytest's rootdir, as packages/minfer-kernels' does.
+    (tmp_path / "suite" / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    provokes_cuda_error: makes a CUDA call fail\n"
+    )
     code = shards.main(
         [
             "--shards",
