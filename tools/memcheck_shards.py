@@ -36,11 +36,11 @@ SANITIZER_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 PYTEST_SUMMARY = re.compile(r"^=* ?(\d+ \w+.* in [0-9.]+s.*?) ?=*$")
 
 
-def here_as_root() -> list[str]:
-    """Test ids are relative to pytest's rootdir, which a package's own pytest configuration moves away from the
-    folder the shards run in: the current folder is made the root of the collection and of every shard, so the
-    collected ids resolve in the shards."""
-    return ["--rootdir", os.getcwd()]
+def pytest_command(*args: str) -> list[str]:
+    """pytest in this Python, without its cache, the current folder its rootdir: test ids are relative to the
+    rootdir, which a package's own pytest configuration would move away from the folder the shards run in, so
+    the collection and every shard share this one and the collected ids resolve in the shards."""
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", os.getcwd(), *args]
 
 
 def deal(test_ids: list[str], shards: int) -> list[list[str]]:
@@ -52,17 +52,7 @@ def deal(test_ids: list[str], shards: int) -> list[list[str]]:
 
 def collect(paths: list[str], markers: str | None) -> list[str]:
     """The ids pytest selects under `paths` and the marker expression, in collection order."""
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--collect-only",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        *here_as_root(),
-        *paths,
-    ]
+    command = pytest_command("--collect-only", "-q", *paths)
     if markers:
         command += ["-m", markers]
     collected = subprocess.run(command, capture_output=True, text=True, env=ONLY_OWN_PLUGINS)
@@ -127,8 +117,7 @@ def run_shards(
     running = []
     for shard, group in enumerate(groups):
         log_path = logs / f"memcheck-shard-{shard}.log"
-        command = [*sanitizer, sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *here_as_root()]
-        command += [*pytest_args, *group]
+        command = [*sanitizer, *pytest_command("-v", *pytest_args, *group)]
         with open(log_path, "w") as log:
             running.append(
                 (
