@@ -125,6 +125,20 @@ def test_gemm_matches_float64(rng, stream, dev, ggml_type, shape, n_tokens):
     assert_gemm_close(got, values, x, ggml_type, f"gemm {ggml_type.name} {in_features}->{out_features} x{n_tokens}")
 
 
+# The large tiles (on an H100 or H200, the warpgroup tiles) with a partial tile on both axes: 513 tokens (the
+# fifth 128-token tile holds one) by 4904 output features (38 tiles of 128 and one of 40), for every type.
+LARGE_PARTIAL_SHAPE = (1024, 4904)
+
+
+@pytest.mark.parametrize("ggml_type", list(mk.GGMLType), ids=lambda t: t.name)
+def test_large_tiles_with_partial_tiles_match_float64(rng, stream, dev, ggml_type):
+    in_features, out_features = LARGE_PARTIAL_SHAPE
+    raw, values = weights(ggml_type, out_features, in_features)
+    x = randn(rng, 513, in_features)
+    got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
+    assert_gemm_close(got, values, x, ggml_type, f"gemm {ggml_type.name} {in_features}->{out_features} x513")
+
+
 def test_gemm_of_a_vocabulary_wide_weight(rng, stream, dev):
     """The lm_head shape (151936 outputs): over a thousand column tiles, the last one partial."""
     raw, values = weights(mk.GGMLType.Q8_0, 151936, 128)
@@ -308,12 +322,14 @@ def test_gemm_group_adds_each_parts_bias(rng, stream, dev, ggml_type, n_tokens):
         assert np.array_equal(got[part], expected), f"gemm_group {ggml_type.name} x{n_tokens}: part {part}"
 
 
-# (in_features, d_ff): Qwen2.5-0.5B's gate|up (ffn_up-like 1024 -> 4864 for the super-block types), and an odd
-# block count with a d_ff that fills no tile (a paired tile holds 32 or 64 features).
+# (in_features, d_ff): Qwen2.5-0.5B's gate|up (ffn_up-like 1024 -> 4864 for the super-block types), an odd
+# block count with a d_ff that fills no tile (a paired tile holds 32 or 64 features), and the large tiles' partial
+# one (LARGE_PARTIAL_SHAPE: at 512 tokens, 76 paired tiles of 64 features and one of 40).
 SWIGLU_CASES = [
     (t, shape) for t in mk.GGMLType if t not in SUPER_BLOCK_TYPES for shape in [(896, 4864), (32 * 37, 1000)]
 ]
 SWIGLU_CASES += [(t, shape) for t in SUPER_BLOCK_TYPES for shape in [(1024, 4864), (256 * 5, 1000)]]
+SWIGLU_CASES += [(t, LARGE_PARTIAL_SHAPE) for t in mk.GGMLType]
 
 
 @pytest.mark.parametrize("n_tokens", [17, 100, 512])

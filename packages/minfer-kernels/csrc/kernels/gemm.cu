@@ -54,6 +54,13 @@
 // with the same fragment layouts); older GPUs (sm_70/72, which some CUDA 12 toolkits still build), and sm_75
 // for bf16, take a scalar path through the same shared-memory tiles. Every compiled architecture computes the
 // same function.
+//
+// Warpgroups. On sm_90a (H100, H200: warpgroup_tiles_run) the large tiles are WarpgroupTiles instead: the same
+// 128 x 128 tile, steps, stages and epilogues, but its two warpgroups multiply with wgmma (wgmma.cuh), the tensor
+// cores reading both tiles straight from shared memory, 64 x 128 x 16 an instruction, instead of each warp
+// loading fragments by ldmatrix for 16 x 8 x 16 ones; the tiles' rows are stored in wgmma's 64-byte swizzle
+// (tile_offset) rather than padded. bench/wgmma_probe.cu measured the instruction at 190-316 TFLOP/s on
+// Llama-3.2-1B's prompt products, against ~120 for the whole mma.sync prompt.
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -63,6 +70,7 @@
 #include "ggml_formats.cuh"
 #include "launchers.h"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 namespace minfer {
 namespace {
@@ -73,11 +81,15 @@ constexpr int TILE_STRIDE = K_STEP + TILE_PAD;  // f16 per shared-memory row (80
 constexpr int X_VECTORS_PER_ROW = K_STEP / 8;   // 16-byte loads covering one token's 32 rounded values of x
 
 // The block tile (BM tokens x BN output features), its warps' layout (WARPS_M x WARPS_N warps), the
-// blocks each SM should hold at once (which caps the registers per thread), and how many register stages
-// of loads the pipeline keeps.
-template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int MIN_BLOCKS_PER_SM_, int REGISTER_STAGES_>
+// blocks each SM should hold at once (which caps the registers per thread), how many register stages
+// of loads the pipeline keeps, and who multiplies: each warp with mma.sync (its shared tiles' rows padded to
+// TILE_STRIDE), or, WARPGROUPS, each warpgroup with wgmma (sm_90a; rows of K_STEP values in the 64-byte swizzle,
+// wgmma.cuh).
+template <int BM_, int BN_, int WARPS_M_, int WARPS_N_, int MIN_BLOCKS_PER_SM_, int REGISTER_STAGES_,
+          bool WARPGROUPS_ = false>
 struct TileShape {
     static constexpr int REGISTER_STAGES = REGISTER_STAGES_;  // steps of loads in flight: 1 or 2 (see pipeline_step)
+    static constexpr bool WARPGROUPS = WARPGROUPS_;
     static constexpr int BM = BM_;
     static constexpr int BN = BN_;
     static constexpr int WARPS_M = WARPS_M_;
@@ -90,15 +102,20 @@ struct TileShape {
     static constexpr int FRAGS_N = WARP_N / 8;    // 8-column accumulator fragments along N
     static constexpr int X_VECTORS_PER_THREAD = BM * X_VECTORS_PER_ROW / THREADS;
     static constexpr int W_PARTS_PER_THREAD = 2 * BN / THREADS;  // a part is half a block: 16 weights
+    static constexpr int ROW_STRIDE = WARPGROUPS ? K_STEP : TILE_STRIDE;  // values from one tile row to the next
+    static constexpr int X_TILE_VALUES = BM * ROW_STRIDE;
+    static constexpr int W_TILE_VALUES = BN * ROW_STRIDE;
     // Shared-memory stages of the copied formats' pipeline (multiply_copied_steps): as many x-and-W stages as fit
     // the 64 KB of shared memory a block may have on the smallest GPU the kernel runs on (sm_75), at most four
     // (three steps of copies in flight): SmallTiles four (40 KB), LargeTiles three (60 KB, two blocks an SM on
     // an H200).
-    static constexpr int STAGE_BYTES = (BM + BN) * TILE_STRIDE * 2;
+    static constexpr int STAGE_BYTES = (X_TILE_VALUES + W_TILE_VALUES) * 2;
     static constexpr int COPY_STAGES = 64 * 1024 / STAGE_BYTES < 4 ? 64 * 1024 / STAGE_BYTES : 4;
     static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp pieces are whole 16 x 16 fragments");
     static_assert(BM * X_VECTORS_PER_ROW % THREADS == 0, "the x tile splits evenly over the threads");
     static_assert(2 * BN % THREADS == 0, "the W tile's half blocks split evenly over the threads");
+    static_assert(!WARPGROUPS || (BM == 128 && BN == 128 && WARPS_M == 8 && WARPS_N == 1),
+                  "a warpgroup tile: two warpgroups of 64 tokens x 128 features, a warp's piece 16 x 128 (wgmma.cuh)");
 };
 
 // 128 x 128, 8 warps of 64 x 32: the most reuse per byte loaded, for products that give every SM a tile.
@@ -110,6 +127,11 @@ using LargeTileShape = TileShape<128, 128, 2, 4, 2, REGISTER_STAGES>;
 // Their blocks wait for their loads: two register stages, and four blocks per SM (128 registers a thread,
 // which the 16-bit x leaves room for), whose slots split K fills (splits_for).
 using SmallTiles = TileShape<64, 64, 2, 2, 4, 2>;
+// LargeTiles' shape multiplied by warpgroups (sm_90a, where the device is an H100 or H200: warpgroup_tiles_run):
+// the tensor cores read both operands from shared memory for 64 x 128 x 16 at once instead of a warp's ldmatrix
+// and 16 x 8 x 16 at a time. Eight warps, warp w the accumulators of tokens 16 w .. 16 w + 15 (wgmma's layout).
+template <int REGISTER_STAGES>
+using WarpgroupTileShape = TileShape<128, 128, 8, 1, 2, REGISTER_STAGES, true>;
 
 // Output features of one tile: BN, or paired (gemm_swiglu: a gate and an up row per feature) BN / 2.
 template <class Tiles, bool PAIRED>
@@ -647,6 +669,8 @@ struct LargeTileRegisterStages<Format, true> {
 };
 template <class Format>
 using LargeTiles = LargeTileShape<LargeTileRegisterStages<Format>::value>;
+template <class Format>
+using WarpgroupTiles = WarpgroupTileShape<LargeTileRegisterStages<Format>::value>;
 
 // Shared-memory stages of a block: the copied formats' COPY_STAGES, the decoded formats' two buffers
 // (multiply_staged_steps); and their bytes, the kernel's dynamic shared memory.
@@ -655,9 +679,29 @@ __host__ __device__ constexpr int shared_stages() {
     return copied_as_operand<Format> ? Tiles::COPY_STAGES : 2;
 }
 
+// (The warpgroup tiles' start on the swizzle's 512-byte period: room to move the stages up to it.)
 template <class Tiles, class Format>
 __host__ __device__ constexpr int tile_bytes() {
-    return shared_stages<Tiles, Format>() * Tiles::STAGE_BYTES;
+    return shared_stages<Tiles, Format>() * Tiles::STAGE_BYTES + (Tiles::WARPGROUPS ? SWIZZLE_ATOM_BYTES : 0);
+}
+
+// Where 16-byte chunk `chunk` (values 8 chunk .. 8 chunk + 7 of the step) of tile row `row` sits, in values from
+// the tile's start: padded rows, or the warpgroup tiles' swizzled ones.
+template <class Tiles>
+__device__ __forceinline__ int tile_offset(int row, int chunk) {
+    if constexpr (Tiles::WARPGROUPS)
+        return row * K_STEP + swizzled_chunk(row, chunk) * 8;
+    else
+        return row * TILE_STRIDE + chunk * 8;
+}
+
+// Before the barrier after a thread's last writes to a stage: the warpgroups' tensor cores read it through the
+// async proxy, which the writes must be ordered before (wgmma.cuh); mma.sync's ldmatrix needs only the barrier.
+template <class Tiles>
+__device__ __forceinline__ void tiles_written() {
+#if defined(MINFER_WGMMA)
+    if constexpr (Tiles::WARPGROUPS) shared_writes_to_async_proxy();
+#endif
 }
 
 // Two floats rounded to the Operand pair of one 32-bit word of a shared-memory tile, the first in the low half.
@@ -747,8 +791,8 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
 #pragma unroll
     for (int v = 0; v < Tiles::X_VECTORS_PER_THREAD; ++v) {
         const int i = threadIdx.x + v * Tiles::THREADS;
-        Operand<Format>* out = x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8;
-        *reinterpret_cast<uint4*>(out) = regs.x[v];
+        *reinterpret_cast<uint4*>(x_tile + tile_offset<Tiles>(i / X_VECTORS_PER_ROW, i % X_VECTORS_PER_ROW)) =
+            regs.x[v];
     }
 #pragma unroll
     for (int p = 0; p < Tiles::W_PARTS_PER_THREAD; ++p) {
@@ -757,14 +801,16 @@ __device__ __forceinline__ void store_step(const StepRegisters<Tiles, Format>& r
         const int part = i % 2;
         std::uint32_t words[8] = {};  // rows past out_features multiply as zeros
         if (tile_feature<PAIRED>(row) < rows_left) Format::decode(regs.w[p], words);
-        Operand<Format>* out = w_tile + row * TILE_STRIDE + part * Format::PART_STRIDE;
-        *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
-        *reinterpret_cast<uint4*>(out + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
+        const int chunk = part * Format::PART_STRIDE / 8;
+        *reinterpret_cast<uint4*>(w_tile + tile_offset<Tiles>(row, chunk)) =
+            make_uint4(words[0], words[1], words[2], words[3]);
+        *reinterpret_cast<uint4*>(w_tile + tile_offset<Tiles>(row, chunk + Format::RUN_STRIDE / 8)) =
+            make_uint4(words[4], words[5], words[6], words[7]);
     }
 }
 
 // The copied formats' step: x's and W's 32 columns of each tile row straight into a shared-memory stage, 16 bytes
-// (8 values) a copy, in the layout store_step writes (a row's values in order, TILE_STRIDE apart); rows past
+// (8 values) a copy, in the layout store_step writes (tile_offset); rows past
 // n_tokens or out_features are filled with zeros. Copy c of a tile is row c / 4, values 8 (c % 4) onwards.
 template <class Tiles, class Format>
 __device__ __forceinline__ void copy_x_step(Operand<Format>* x_tile, const StepSource& source, int step) {
@@ -774,7 +820,7 @@ __device__ __forceinline__ void copy_x_step(Operand<Format>* x_tile, const StepS
         const int token = source.first_token + i / X_VECTORS_PER_ROW;
         const bool valid = token < source.n_tokens;
         const int column = (source.first_step + step) * K_STEP + (i % X_VECTORS_PER_ROW) * 8;
-        copy_16_async(x_tile + (i / X_VECTORS_PER_ROW) * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8,
+        copy_16_async(x_tile + tile_offset<Tiles>(i / X_VECTORS_PER_ROW, i % X_VECTORS_PER_ROW),
                       source.x + std::size_t(valid ? token : 0) * source.in_features + column, valid);
     }
 }
@@ -791,7 +837,7 @@ __device__ __forceinline__ void copy_w_step(Operand<Format>* w_tile, const StepS
         const bool valid = row < source.out_features;
         const std::uint8_t* bytes = tile_weight<PAIRED>(source, tile_row) + (valid ? row : 0) * source.row_bytes +
                                     (source.first_step + step) * K_STEP * 2 + (i % X_VECTORS_PER_ROW) * 16;
-        copy_16_async(w_tile + tile_row * TILE_STRIDE + (i % X_VECTORS_PER_ROW) * 8, bytes, valid);
+        copy_16_async(w_tile + tile_offset<Tiles>(tile_row, i % X_VECTORS_PER_ROW), bytes, valid);
     }
 }
 
@@ -866,10 +912,36 @@ __device__ __forceinline__ void multiply_on_cuda_cores(float (&acc)[Tiles::FRAGS
             }
 }
 
+// The warpgroup tiles' step (sm_90a): warpgroup g multiplies the tile's tokens 64 g .. 64 g + 63 by all 128 rows
+// of W, 16 values of K a wgmma, the two of a step in one group, finished before the step's barrier (which lets
+// the next step overwrite any stage). The warp's [1][16][4] fragments are wgmma's 64 accumulators (wgmma.cuh).
+#if defined(MINFER_WGMMA)
+template <class Tiles, class Op>
+__device__ __forceinline__ void multiply_on_warpgroups(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
+                                                       const Op* x_tile, const Op* w_tile) {
+    static_assert(Tiles::FRAGS_M * Tiles::FRAGS_N * 4 == 64, "a warp's fragments are one wgmma's accumulators");
+    float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
+    const unsigned x_rows = shared_address(x_tile + (threadIdx.x / 128) * 64 * K_STEP);
+    const unsigned w_rows = shared_address(w_tile);
+    warpgroup_arrive();
+#pragma unroll
+    for (int k = 0; k < K_STEP; k += 16)
+        wgmma_64x128x16<Op>(d, swizzled_descriptor(x_rows + 2 * k), swizzled_descriptor(w_rows + 2 * k));
+    warpgroup_commit_and_wait();
+}
+#endif
+
 template <class Tiles, class Op>
 __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const Op* x_tile,
                                               const Op* w_tile, int warp_row, int warp_column) {
-    if constexpr (tensor_cores_multiply<Op>()) {
+    if constexpr (Tiles::WARPGROUPS) {
+        // Launched only where the device runs sm_90a code (warpgroup_tiles_run); a trap anywhere else.
+#if defined(MINFER_WGMMA)
+        multiply_on_warpgroups<Tiles>(acc, x_tile, w_tile);
+#else
+        __trap();
+#endif
+    } else if constexpr (tensor_cores_multiply<Op>()) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
         multiply_on_tensor_cores<Tiles>(acc, x_tile, w_tile, warp_row, warp_column);
 #endif
@@ -892,14 +964,15 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
                                               StepRegisters<Tiles, Format>& load_stage,
                                               const StepRegisters<Tiles, Format>& store_stage,
                                               const StepSource& source,
-                                              Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
-                                              Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE], int step,
+                                              Operand<Format> (*x_tiles)[Tiles::X_TILE_VALUES],
+                                              Operand<Format> (*w_tiles)[Tiles::W_TILE_VALUES], int step,
                                               int n_steps,
                                               int rows_left, int warp_row, int warp_column) {
     const int current = step % 2;
     if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
     multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
     if (step + 1 < n_steps) store_step<PAIRED>(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+    tiles_written<Tiles>();
     __syncthreads();
 }
 
@@ -912,8 +985,8 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
 template <class Tiles, class Format, bool PAIRED>
 __device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                                       const StepSource& source,
-                                                      Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
-                                                      Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE],
+                                                      Operand<Format> (*x_tiles)[Tiles::X_TILE_VALUES],
+                                                      Operand<Format> (*w_tiles)[Tiles::W_TILE_VALUES],
                                                       int n_steps, int rows_left, int warp_row, int warp_column) {
     StepRegisters<Tiles, Format> even, odd;
     // The weights are no earlier kernel's output: step 0's are in flight while the kernel before (round_x)
@@ -925,12 +998,14 @@ __device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_
     store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
     if constexpr (Tiles::REGISTER_STAGES == 1) {
         if (n_steps > 1) load_step<PAIRED>(even, source, 1);
+        tiles_written<Tiles>();
         __syncthreads();
         for (int step = 0; step < n_steps; ++step)
             pipeline_step<Tiles, 1, PAIRED>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left,
                                             warp_row, warp_column);
     } else {
         if (n_steps > 1) load_step<PAIRED>(odd, source, 1);
+        tiles_written<Tiles>();
         __syncthreads();
         // Two steps per trip, so that each stage is a fixed set of registers.
         for (int step = 0; step < n_steps; step += 2) {
@@ -951,8 +1026,8 @@ __device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_
 template <class Tiles, class Format, bool PAIRED>
 __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                                       const StepSource& source,
-                                                      Operand<Format> (*x_tiles)[Tiles::BM * TILE_STRIDE],
-                                                      Operand<Format> (*w_tiles)[Tiles::BN * TILE_STRIDE],
+                                                      Operand<Format> (*x_tiles)[Tiles::X_TILE_VALUES],
+                                                      Operand<Format> (*w_tiles)[Tiles::W_TILE_VALUES],
                                                       int n_steps, int warp_row, int warp_column) {
     constexpr int STAGES = shared_stages<Tiles, Format>();
     // The weights are no earlier kernel's output: the first stages' copies run while the kernel before (round_x)
@@ -969,6 +1044,7 @@ __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_
     }
     for (int step = 0; step < n_steps; ++step) {
         wait_for_copies<STAGES - 2>();
+        tiles_written<Tiles>();
         __syncthreads();
         const int refill = step + STAGES - 1;
         if (refill < n_steps) {
@@ -1033,11 +1109,15 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
     gemm_tensor_cores(GemmParts parts, long long row_bytes, const std::uint16_t* __restrict__ x, int in_features,
                       int n_tokens) {
     static_assert(!PAIRED || Tiles::FRAGS_N % 2 == 0, "paired fragments: a warp's gate and up fragments alternate");
-    // The stages (tile_bytes<Tiles, Format>(), dynamic shared memory): every x tile, then every W tile.
+    // The stages (tile_bytes<Tiles, Format>(), dynamic shared memory): every x tile, then every W tile; the
+    // warpgroup tiles' from the first 512-byte boundary (the swizzle's period).
     extern __shared__ __align__(16) std::uint8_t stage_memory[];
-    auto* x_tiles = reinterpret_cast<Operand<Format>(*)[Tiles::BM * TILE_STRIDE]>(stage_memory);
-    auto* w_tiles = reinterpret_cast<Operand<Format>(*)[Tiles::BN * TILE_STRIDE]>(
-        stage_memory + std::size_t(shared_stages<Tiles, Format>()) * Tiles::BM * TILE_STRIDE * sizeof(Operand<Format>));
+    std::uint8_t* stages = stage_memory;
+    if constexpr (Tiles::WARPGROUPS)
+        stages += (SWIZZLE_ATOM_BYTES - shared_address(stage_memory) % SWIZZLE_ATOM_BYTES) % SWIZZLE_ATOM_BYTES;
+    auto* x_tiles = reinterpret_cast<Operand<Format>(*)[Tiles::X_TILE_VALUES]>(stages);
+    auto* w_tiles = reinterpret_cast<Operand<Format>(*)[Tiles::W_TILE_VALUES]>(
+        stages + std::size_t(shared_stages<Tiles, Format>()) * Tiles::X_TILE_VALUES * sizeof(Operand<Format>));
 
     const int tile = blockIdx.x;
     const int part = part_of(tile, parts.first_tile);
@@ -1271,11 +1351,33 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
                              stream, parts, splits, p.n_tokens, columns);
 }
 
+// Whether the large tiles go to the warpgroups: the build has sm_90a code (MINFER_SM90A_SASS: MinferCuda.cmake
+// compiles sm_90 as sm_90a) and the device is one it runs on, compute capability 9.0 (H100, H200).
+cudaError_t warpgroup_tiles_run(bool& run) {
+    run = false;
+#if defined(MINFER_SM90A_SASS)
+    int device = 0, major = 0, minor = 0;
+    if (const cudaError_t failed = cudaGetDevice(&device); failed != cudaSuccess) return failed;
+    if (const cudaError_t failed = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        failed != cudaSuccess)
+        return failed;
+    if (const cudaError_t failed = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        failed != cudaSuccess)
+        return failed;
+    run = major == 9 && minor == 0;
+#endif
+    return cudaSuccess;
+}
+
 template <class Format, bool PAIRED>
 cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
-    if (large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors))
-        return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);  // splits_for never splits them
-    return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
+    if (!large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors))
+        return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
+    // splits_for never splits the large tiles
+    bool warpgroups = false;
+    if (const cudaError_t failed = warpgroup_tiles_run(warpgroups); failed != cudaSuccess) return failed;
+    if (warpgroups) return launch_tiles<WarpgroupTiles<Format>, Format, PAIRED>(p, splits, stream);
+    return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);
 }
 
 // The checks of every launch's arguments; cudaSuccess when they pass.
