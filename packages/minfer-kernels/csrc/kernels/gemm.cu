@@ -913,8 +913,9 @@ __device__ __forceinline__ void multiply_on_cuda_cores(float (&acc)[Tiles::FRAGS
 }
 
 // The warpgroup tiles' step (sm_90a): warpgroup g multiplies the tile's tokens 64 g .. 64 g + 63 by all 128 rows
-// of W, 16 values of K a wgmma, the two of a step in one group, finished before the step's barrier (which lets
-// the next step overwrite any stage). The warp's [1][16][4] fragments are wgmma's 64 accumulators (wgmma.cuh).
+// of W, 16 values of K a wgmma, the two of a step in one group, which runs on while the threads store the next
+// step (products_finished waits for it before the step's barrier, so the next step may overwrite any stage). The
+// warp's [1][16][4] fragments are wgmma's 64 accumulators (wgmma.cuh).
 #if defined(MINFER_WGMMA)
 template <class Tiles, class Op>
 __device__ __forceinline__ void multiply_on_warpgroups(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
@@ -927,9 +928,18 @@ __device__ __forceinline__ void multiply_on_warpgroups(float (&acc)[Tiles::FRAGS
 #pragma unroll
     for (int k = 0; k < K_STEP; k += 16)
         wgmma_64x128x16<Op>(d, swizzled_descriptor(x_rows + 2 * k), swizzled_descriptor(w_rows + 2 * k));
-    warpgroup_commit_and_wait();
+    warpgroup_commit();
 }
 #endif
+
+// The end of a step's products: the warpgroups' wgmmas have finished (and the accumulators are the threads' again);
+// mma.sync's finished when they returned.
+template <class Tiles>
+__device__ __forceinline__ void products_finished(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4]) {
+#if defined(MINFER_WGMMA)
+    if constexpr (Tiles::WARPGROUPS) warpgroup_wait(reinterpret_cast<float(&)[64]>(acc));
+#endif
+}
 
 template <class Tiles, class Op>
 __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4], const Op* x_tile,
@@ -958,7 +968,8 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
 // same registers and a load has one step of products to arrive in. With two (AHEAD = 2), the even steps'
 // loads and the odd steps' alternate: at the start of step s the stage holding step s + 1 has its loads
 // in flight and the other was stored at the end of step s - 1, so it takes step s + 2, and each load has
-// two steps of products to arrive in.
+// two steps of products to arrive in. With warpgroups the products run while the thread stores step s + 1; they
+// have finished before the barrier (products_finished).
 template <class Tiles, int AHEAD, bool PAIRED, class Format>
 __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                               StepRegisters<Tiles, Format>& load_stage,
@@ -972,6 +983,7 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
     if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
     multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
     if (step + 1 < n_steps) store_step<PAIRED>(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
+    products_finished<Tiles>(acc);
     tiles_written<Tiles>();
     __syncthreads();
 }
@@ -1053,6 +1065,7 @@ __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_
         }
         commit_copies();
         multiply_step<Tiles>(acc, x_tiles[step % STAGES], w_tiles[step % STAGES], warp_row, warp_column);
+        products_finished<Tiles>(acc);
     }
 }
 

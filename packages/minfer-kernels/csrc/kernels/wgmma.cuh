@@ -2,7 +2,8 @@
 // warps together (a warpgroup, 128 threads) multiply a 64 x 16 tile of A by a 16 x 128 tile of B into 64 x 128
 // float32 accumulators in their registers, both operands read by the tensor cores straight from shared memory.
 // It exists on sm_90a only, the arch-specific target of the H100 and H200 (MINFER_WGMMA below; the build compiles
-// sm_90 as sm_90a, MinferCuda.cmake), and runs beside the threads, so a caller fences, commits and waits.
+// sm_90 as sm_90a, MinferCuda.cmake), and runs beside the threads: a caller arrives, issues, commits, may do other
+// work that touches neither the accumulators nor the tiles being read, and waits.
 //
 // The operands' shared-memory layout (PTX ISA, "Matrix Descriptor Format", "Shared Memory Matrix Layout"): both
 // K-major (a row of A is a token's values of x, a row of B one output feature's weights), a step's 32 values of
@@ -56,10 +57,16 @@ __device__ __forceinline__ void shared_writes_to_async_proxy() {
 // Before a warpgroup's first wgmma of a batch: its accumulator registers are ready to be read by the tensor cores.
 __device__ __forceinline__ void warpgroup_arrive() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
-// Closes the wgmmas issued since the last commit into one group, and waits until every group has finished.
-__device__ __forceinline__ void warpgroup_commit_and_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+// Closes the wgmmas issued since the last commit into one group; they run on while the threads go on.
+__device__ __forceinline__ void warpgroup_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// Waits until every committed group has finished, then pins the accumulators: the empty asm "writes" each of
+// them after the wait, so the compiler moves no read or copy of one to before it (the registers belong to the
+// tensor cores until then).
+__device__ __forceinline__ void warpgroup_wait(float (&d)[64]) {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #define MINFER_WGMMA_64X128X16(TYPE)                                                                            \
