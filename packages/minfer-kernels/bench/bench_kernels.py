@@ -1,6 +1,6 @@
 """Time the kernels at Qwen2.5-0.5B's decode shapes: microseconds per launch and effective bandwidth; then
-at its prefill shapes (512 tokens): microseconds per launch and TFLOP/s; then decode's products at
-Qwen2.5-0.5B's and Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
+at its prefill shapes (512 tokens, and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's
+products at Qwen2.5-0.5B's and Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
 
     python packages/minfer-kernels/bench/bench_kernels.py [--dram]     (--dram: the last table alone)
 
@@ -70,6 +70,12 @@ def prefill_cases(
         product(kernels.gemm, mk.GGMLType.Q5_0, n_in, n_out, 512)
     for ggml_type in (mk.GGMLType.Q4_K, mk.GGMLType.Q6_K):
         product(kernels.gemm, ggml_type, FFN, HIDDEN, 512)
+    # Llama-3.2-1B's products, where the 128 x 128 tiles (an H100's or H200's warpgroup tiles) carry most of a prompt.
+    hidden, ffn, heads, kv_heads, head_dim = DECODE_MODELS["llama3.2-1b"][:5]
+    qkv = (heads + 2 * kv_heads) * head_dim
+    for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0, mk.GGMLType.F16):
+        for n_in, n_out in ((hidden, ffn), (ffn, hidden), (hidden, hidden), (hidden, qkv)):
+            product(kernels.gemm, ggml_type, n_in, n_out, 512)
     for n_tokens in (8, 16, 32, 64):
         for kernel in (kernels.matmul, kernels.gemm):
             product(kernel, mk.GGMLType.Q4_0, HIDDEN, FFN, n_tokens)
