@@ -1032,9 +1032,9 @@ __device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_
 
 // The copied formats' steps: STAGES = Tiles::COPY_STAGES shared-memory stages, step s in stage s % STAGES, the
 // copies of STAGES - 1 steps in flight (one commit group a step, empty past the last step, so that the wait's
-// count is a count of steps). Step s waits for its own group, meets the barrier (after which every thread's
-// copies of step s are visible, and every warp is done with step s - 1's stage), refills that stage with step
-// s + STAGES - 1 and multiplies step s while the copies run.
+// count is a count of steps). Step s waits for its own group (and, with warpgroups, for step s - 1's products),
+// meets the barrier (after which every thread's copies of step s are visible, and every warp is done with step
+// s - 1's stage), refills that stage with step s + STAGES - 1 and multiplies step s while the copies run.
 template <class Tiles, class Format, bool PAIRED>
 __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                                       const StepSource& source,
@@ -1056,6 +1056,7 @@ __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_
     }
     for (int step = 0; step < n_steps; ++step) {
         wait_for_copies<STAGES - 2>();
+        products_finished<Tiles>(acc);  // step s - 1's warpgroup products ran while the thread waited for step s
         tiles_written<Tiles>();
         __syncthreads();
         const int refill = step + STAGES - 1;
@@ -1065,8 +1066,8 @@ __device__ __forceinline__ void multiply_copied_steps(float (&acc)[Tiles::FRAGS_
         }
         commit_copies();
         multiply_step<Tiles>(acc, x_tiles[step % STAGES], w_tiles[step % STAGES], warp_row, warp_column);
-        products_finished<Tiles>(acc);
     }
+    products_finished<Tiles>(acc);
 }
 
 // ---- The kernel -----------------------------------------------------------------------------------------
