@@ -108,7 +108,7 @@ struct TileShape {
     // Shared-memory stages of the copied formats' pipeline (multiply_copied_steps): as many x-and-W stages as fit
     // the 64 KB of shared memory a block may have on the smallest GPU the kernel runs on (sm_75), at most four
     // (three steps of copies in flight): SmallTiles four (40 KB), LargeTiles three (60 KB, two blocks an SM on
-    // an H200).
+    // an H200), WarpgroupTiles four (64 KB: their rows are not padded).
     static constexpr int STAGE_BYTES = (X_TILE_VALUES + W_TILE_VALUES) * 2;
     static constexpr int COPY_STAGES = 64 * 1024 / STAGE_BYTES < 4 ? 64 * 1024 / STAGE_BYTES : 4;
     static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp pieces are whole 16 x 16 fragments");
