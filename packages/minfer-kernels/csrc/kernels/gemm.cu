@@ -108,14 +108,14 @@ struct TileShape {
     // Shared-memory stages of the copied formats' pipeline (multiply_copied_steps): as many x-and-W stages as fit
     // the 64 KB of shared memory a block may have on the smallest GPU the kernel runs on (sm_75), at most four
     // (three steps of copies in flight): SmallTiles four (40 KB), LargeTiles three (60 KB, two blocks an SM on
-    // an H200), WarpgroupTiles four (64 KB: their rows are not padded).
+    // an H200), the warpgroup tiles four (64 and 48 KB: their rows are not padded).
     static constexpr int STAGE_BYTES = (X_TILE_VALUES + W_TILE_VALUES) * 2;
     static constexpr int COPY_STAGES = 64 * 1024 / STAGE_BYTES < 4 ? 64 * 1024 / STAGE_BYTES : 4;
     static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp pieces are whole 16 x 16 fragments");
     static_assert(BM * X_VECTORS_PER_ROW % THREADS == 0, "the x tile splits evenly over the threads");
     static_assert(2 * BN % THREADS == 0, "the W tile's half blocks split evenly over the threads");
-    static_assert(!WARPGROUPS || (BM == 128 && BN == 128 && WARPS_M == 8 && WARPS_N == 1),
-                  "a warpgroup tile: two warpgroups of 64 tokens x 128 features, a warp's piece 16 x 128 (wgmma.cuh)");
+    static_assert(!WARPGROUPS || (BN == 128 && WARPS_N == 1 && WARPS_M % 4 == 0 && BM == 16 * WARPS_M),
+                  "a warpgroup tile: warpgroups of 64 tokens x 128 features, a warp's piece 16 x 128 (wgmma.cuh)");
 };
 
 // 128 x 128, 8 warps of 64 x 32: the most reuse per byte loaded, for products that give every SM a tile.
@@ -127,11 +127,17 @@ using LargeTileShape = TileShape<128, 128, 2, 4, 2, REGISTER_STAGES>;
 // Their blocks wait for their loads: two register stages, and four blocks per SM (128 registers a thread,
 // which the 16-bit x leaves room for), whose slots split K fills (splits_for).
 using SmallTiles = TileShape<64, 64, 2, 2, 4, 2>;
-// LargeTiles' shape multiplied by warpgroups (sm_90a, where the device is an H100 or H200: warpgroup_tiles_run):
-// the tensor cores read both operands from shared memory for 64 x 128 x 16 at once instead of a warp's ldmatrix
-// and 16 x 8 x 16 at a time. Eight warps, warp w the accumulators of tokens 16 w .. 16 w + 15 (wgmma's layout).
+// The tiles multiplied by warpgroups (sm_90a, where the device is an H100 or H200: warpgroup_tiles_run): the
+// tensor cores read both operands from shared memory for 64 x 128 x 16 at once instead of a warp's ldmatrix and
+// 16 x 8 x 16 at a time; warp w holds the accumulators of tokens 16 w .. 16 w + 15 (wgmma's layout). In place of
+// LargeTiles, 128 x 128 (two warpgroups, two blocks an SM); in place of SmallTiles, 64 x 128 (one warpgroup),
+// which take the launch's slices of K as SmallTiles would (splits_for) and make half as many tiles: the narrow
+// products' blocks each multiply twice the features at the warpgroup's rate. Its thread carries two parts of W a
+// step (a LargeTiles thread one): one register stage and three blocks an SM (170 registers a thread: no spills
+// for any format, ptxas sm_90a; at four blocks, 128 registers, the K-quants' and F32's spilled).
 template <int REGISTER_STAGES>
 using WarpgroupTileShape = TileShape<128, 128, 8, 1, 2, REGISTER_STAGES, true>;
+using SmallWarpgroupTiles = TileShape<64, 128, 4, 1, 3, 1, true>;
 
 // Output features of one tile: BN, or paired (gemm_swiglu: a gate and an up row per feature) BN / 2.
 template <class Tiles, bool PAIRED>
@@ -1385,13 +1391,14 @@ cudaError_t warpgroup_tiles_run(bool& run) {
 
 template <class Format, bool PAIRED>
 cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
-    if (!large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors))
-        return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
-    // splits_for never splits the large tiles
     bool warpgroups = false;
     if (const cudaError_t failed = warpgroup_tiles_run(warpgroups); failed != cudaSuccess) return failed;
-    if (warpgroups) return launch_tiles<WarpgroupTiles<Format>, Format, PAIRED>(p, splits, stream);
-    return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);
+    if (large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors)) {  // splits_for never splits them
+        if (warpgroups) return launch_tiles<WarpgroupTiles<Format>, Format, PAIRED>(p, splits, stream);
+        return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);
+    }
+    if (warpgroups) return launch_tiles<SmallWarpgroupTiles, Format, PAIRED>(p, splits, stream);
+    return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
 }
 
 // The checks of every launch's arguments; cudaSuccess when they pass.
