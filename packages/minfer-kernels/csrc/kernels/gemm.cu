@@ -55,11 +55,11 @@
 // for bf16, take a scalar path through the same shared-memory tiles. Every compiled architecture computes the
 // same function.
 //
-// Warpgroups. On sm_90a (H100, H200: warpgroup_tiles_run) the large tiles are WarpgroupTiles instead: the same
-// 128 x 128 tile, steps, stages and epilogues, but its two warpgroups multiply with wgmma (wgmma.cuh), the tensor
-// cores reading both tiles straight from shared memory, 64 x 128 x 16 an instruction, instead of each warp
-// loading fragments by ldmatrix for 16 x 8 x 16 ones; the tiles' rows are stored in wgmma's 64-byte swizzle
-// (tile_offset) rather than padded. bench/wgmma_probe.cu measured the instruction at 190-316 TFLOP/s on
+// Warpgroups. On sm_90a (H100, H200: warpgroup_tiles_run) the tiles are warpgroup tiles instead (WarpgroupTiles,
+// 128 x 128, for LargeTiles; SmallWarpgroupTiles, 64 x 128, for SmallTiles): the same steps, stages, slices and
+// epilogues, but each warpgroup multiplies with wgmma (wgmma.cuh), the tensor cores reading both tiles straight
+// from shared memory, 64 x 128 x 16 an instruction, instead of each warp loading fragments by ldmatrix for
+// 16 x 8 x 16 ones; the tiles' rows are stored in wgmma's 64-byte swizzle (tile_offset) rather than padded. bench/wgmma_probe.cu measured the instruction at 190-316 TFLOP/s on
 // Llama-3.2-1B's prompt products, against ~120 for the whole mma.sync prompt.
 #include <algorithm>
 #include <climits>
