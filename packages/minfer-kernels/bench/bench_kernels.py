@@ -55,7 +55,7 @@ def prefill_cases(
         args: tuple[object, ...] = (w, ggml_type, x, y, n_in, n_out, n_tokens, h)
         if kernel is kernels.gemm:  # no bias or residual; the workspace of its rounded x and slices of K
             splits = kernels.gemm_splits(n_out, 0, 0, n_in, n_tokens, multiprocessors)
-            nbytes = kernels.gemm_workspace_bytes(n_out, 0, 0, n_in, n_tokens, multiprocessors)
+            nbytes = kernels.gemm_workspace_bytes(ggml_type, n_out, 0, 0, n_in, n_tokens, multiprocessors)
             space = floats(nbytes // 4)
             args = (w, ggml_type, x, None, None, y, n_in, n_out, n_tokens, space, nbytes, h)
             name += f" ({splits} K slices)" if splits > 1 else ""

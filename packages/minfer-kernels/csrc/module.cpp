@@ -224,12 +224,15 @@ void bind_kernels(nb::module_& k) {
     k.def("gemm_splits", &gemm_splits, "out_features_0"_a, "out_features_1"_a, "out_features_2"_a, "in_features"_a,
           "n_tokens"_a, "multiprocessors"_a,
           "Slices of K gemm_group cuts a launch of these parts into on a GPU of `multiprocessors` SMs (1: none).");
-    k.def("gemm_workspace_bytes", &gemm_workspace_bytes, "out_features_0"_a, "out_features_1"_a, "out_features_2"_a,
-          "in_features"_a, "n_tokens"_a, "multiprocessors"_a,
-          "Bytes of the workspace gemm_group (gemm: out_features_1 = out_features_2 = 0) needs: x rounded to 16 "
-          "bits, and the slices' partial sums where it splits K.");
-    k.def("gemm_swiglu_workspace_bytes", &gemm_swiglu_workspace_bytes, "in_features"_a, "n_tokens"_a,
-          "Bytes of the workspace gemm_swiglu needs: x rounded to 16 bits.");
+    k.def("gemm_workspace_bytes", &gemm_workspace_bytes, "type"_a, "out_features_0"_a, "out_features_1"_a,
+          "out_features_2"_a, "in_features"_a, "n_tokens"_a, "multiprocessors"_a,
+          "Bytes of the workspace gemm_group (gemm: out_features_1 = out_features_2 = 0) of weights of GGML type "
+          "`type` needs: x rounded to 16 bits, the slices' partial sums where it splits K, and the weights decoded "
+          "to f16 where a long prompt stages them.");
+    k.def("gemm_swiglu_workspace_bytes", &gemm_swiglu_workspace_bytes, "type"_a, "in_features"_a, "d_ff"_a,
+          "n_tokens"_a,
+          "Bytes of the workspace gemm_swiglu needs: x rounded to 16 bits, and the gate and up weights decoded to "
+          "f16 where a long prompt stages them.");
     k.def("attention_decode_workspace_bytes", &attention_decode_workspace_bytes, "n_heads"_a, "head_dim"_a,
           "n_splits"_a, "Bytes of the workspace attention_decode_f32 needs.");
     k.def("attention_prefill_splits", &attention_prefill_splits, "n_tokens"_a, "n_heads"_a, "head_dim"_a,
@@ -294,8 +297,8 @@ void bind_kernels(nb::module_& k) {
                     "matmul's product on the tensor cores, for many tokens: W and x rounded to f16 (BF16 weights: "
                     "x to bf16), float32 sums; y = residual + (x W^T + bias), the order of gemm, add_bias_f32 and "
                     "add_f32 (bias, residual None: none; residual may be y); in_features a multiple of 32 (of 256 "
-                    "for the K-quants and IQ4_XS), x 16-byte aligned; `workspace`: gemm_workspace_bytes(out_features, "
-                    "0, 0, ...) bytes, 16-byte aligned.",
+                    "for the K-quants and IQ4_XS), x 16-byte aligned; `workspace`: gemm_workspace_bytes(type, "
+                    "out_features, 0, 0, ...) bytes, 16-byte aligned.",
                     "weight"_a, "type"_a, "x"_a, "bias"_a, "residual"_a, "y"_a, "in_features"_a, "out_features"_a,
                     "n_tokens"_a, "workspace"_a, "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemm_group", launch_gemm_group,

@@ -87,17 +87,18 @@ def splits(parts: tuple[int, ...], in_features: int, n_tokens: int) -> int:
     return kernels.gemm_splits(*parts, *[0] * (3 - len(parts)), in_features, n_tokens, multiprocessors())
 
 
-def workspace(stream: mk.Stream, parts: tuple[int, ...], in_features: int, n_tokens: int):
-    """(the workspace of a launch of these parts, poisoned: a rounded x or a slice's sums left unwritten shows;
-    its bytes). Hold the buffer until the launch has run."""
-    nbytes = kernels.gemm_workspace_bytes(*parts, *[0] * (3 - len(parts)), in_features, n_tokens, multiprocessors())
+def workspace(stream: mk.Stream, ggml_type: mk.GGMLType, parts: tuple[int, ...], in_features: int, n_tokens: int):
+    """(the workspace of a launch of these parts, poisoned: a rounded x, a slice's sums or a staged weight left
+    unwritten shows; its bytes). Hold the buffer until the launch has run."""
+    padded = (*parts, *[0] * (3 - len(parts)))
+    nbytes = kernels.gemm_workspace_bytes(ggml_type, *padded, in_features, n_tokens, multiprocessors())
     return poisoned((nbytes // 4,), np.float32, stream), nbytes
 
 
 def run_gemm(stream: mk.Stream, dev, ggml_type: mk.GGMLType, raw: np.ndarray, x: np.ndarray, out_features: int):
     n_tokens, in_features = x.shape
     y = poisoned((n_tokens, out_features), np.float32, stream)
-    space, nbytes = workspace(stream, (out_features,), in_features, n_tokens)
+    space, nbytes = workspace(stream, ggml_type, (out_features,), in_features, n_tokens)
     kernels.gemm(
         dev(raw), ggml_type, dev(x), None, None, y.ptr, in_features, out_features, n_tokens, space and space.ptr,
         nbytes, stream.handle,
@@ -137,6 +138,22 @@ def test_large_tiles_with_partial_tiles_match_float64(rng, stream, dev, ggml_typ
     x = randn(rng, 513, in_features)
     got = run_gemm(stream, dev, ggml_type, raw, x, out_features)
     assert_gemm_close(got, values, x, ggml_type, f"gemm {ggml_type.name} {in_features}->{out_features} x513")
+
+
+# From 256 tokens on (gemm.cu: STAGED_MIN_TOKENS) the weights a tile would decode are decoded once into f16 rows
+# of the workspace and multiplied as F16 weights: the product is the F16 launch's on the f16 rounding of their
+# values (what the tiles' decoding stores), to the bit.
+STAGED_CASES = [(t, shape) for t, shape in GEMM_CASES if t not in (mk.GGMLType.F16, mk.GGMLType.BF16)]
+
+
+@pytest.mark.parametrize(("ggml_type", "shape"), STAGED_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_a_long_prompts_staged_weights_are_the_f16_product_of_their_values(rng, stream, dev, ggml_type, shape):
+    in_features, out_features = shape
+    raw, values = weights(ggml_type, out_features, in_features)
+    x = randn(rng, 256, in_features)
+    staged = run_gemm(stream, dev, ggml_type, raw, x, out_features)
+    as_f16 = run_gemm(stream, dev, mk.GGMLType.F16, values.astype(np.float16), x, out_features)
+    assert np.array_equal(staged, as_f16), f"gemm {ggml_type.name} {in_features}->{out_features} x256"
 
 
 def test_gemm_of_a_vocabulary_wide_weight(rng, stream, dev):
@@ -189,7 +206,7 @@ def run_gemm_group(
         present = index < len(parts)
         bias = dev(biases[index]) if biases[index] is not None else None
         arguments += [dev(raws[index]), bias, outputs[index].ptr, parts[index]] if present else [None] * 3 + [0]
-    space, nbytes = workspace(stream, parts, in_features, n_tokens)
+    space, nbytes = workspace(stream, ggml_type, parts, in_features, n_tokens)
     kernels.gemm_group(*arguments, ggml_type, dev(x), in_features, n_tokens, space and space.ptr, nbytes, stream.handle)
     return [from_device(output, (n_tokens, n), np.float32, stream) for output, n in zip(outputs, parts, strict=True)]
 
@@ -253,7 +270,7 @@ def test_gemm_refuses_a_workspace_too_small(stream):
     """The workspace holds x rounded to 16 bits (every launch), then the slices' partial sums where K is cut: 33
     outputs of 4864-value rows at 128 tokens are two tiles, fewer than any GPU's block slots, so K is cut."""
     assert splits((33,), 4864, 128) > 1
-    nbytes = kernels.gemm_workspace_bytes(33, 0, 0, 4864, 128, multiprocessors())
+    nbytes = kernels.gemm_workspace_bytes(mk.GGMLType.Q8_0, 33, 0, 0, 4864, 128, multiprocessors())
     assert nbytes > 128 * 4864 * 2, "the rounded x and the slices' partial sums"
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
@@ -263,7 +280,7 @@ def test_gemm_refuses_a_workspace_too_small(stream):
         with pytest.raises(ValueError, match=r"launch_gemm_group refused .*workspace must hold"):
             absent = (None, None, None, 0)
             kernels.gemm_group(p, None, p, 33, *absent, *absent, mk.GGMLType.Q8_0, p, 4864, 128, space, size, h)
-    swiglu_bytes = kernels.gemm_swiglu_workspace_bytes(32, 16)
+    swiglu_bytes = kernels.gemm_swiglu_workspace_bytes(mk.GGMLType.Q4_0, 32, 4, 16)
     assert swiglu_bytes == 16 * 32 * 2, "the rounded x alone, in whole 256-byte units"
     for space, size in ((p, swiglu_bytes - 4), (None, swiglu_bytes), (p + 8, swiglu_bytes)):
         with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*workspace must hold"):
@@ -289,7 +306,7 @@ def test_gemm_epilogue_is_add_bias_then_add_to_the_bit(rng, stream, dev, ggml_ty
     x, bias = randn(rng, n_tokens, in_features), randn(rng, out_features)
     residual = randn(rng, n_tokens, out_features, scale=4.0)
     w_ptr, x_ptr, bias_ptr = dev(raw), dev(x), dev(bias)
-    space, nbytes = workspace(stream, (out_features,), in_features, n_tokens)
+    space, nbytes = workspace(stream, ggml_type, (out_features,), in_features, n_tokens)
     args = (in_features, out_features, n_tokens, space and space.ptr, nbytes, stream.handle)
     fused = mk.upload(residual, stream.handle)
     kernels.gemm(w_ptr, ggml_type, x_ptr, bias_ptr, fused.ptr, fused.ptr, *args)
@@ -347,7 +364,7 @@ def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_typ
     x = randn(rng, n_tokens, in_features)
     gate_ptr, up_ptr, x_ptr = dev(gate_raw), dev(up_raw), dev(x)
     h = poisoned((n_tokens, d_ff), np.float32, stream)
-    nbytes = kernels.gemm_swiglu_workspace_bytes(in_features, n_tokens)
+    nbytes = kernels.gemm_swiglu_workspace_bytes(ggml_type, in_features, d_ff, n_tokens)
     space = poisoned((nbytes // 4,), np.float32, stream)
     kernels.gemm_swiglu(
         gate_ptr, up_ptr, ggml_type, x_ptr, h.ptr, in_features, d_ff, n_tokens, space.ptr, nbytes, stream.handle

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import minfer_kernels as mk
 from minfer_kernels import kernels
 
 H200 = 132
@@ -39,11 +40,27 @@ def rounded_x(in_features: int, n_tokens: int) -> int:
 
 
 def test_the_workspace_holds_the_rounded_x_then_each_parts_slices():
-    assert kernels.gemm_workspace_bytes(896, 0, 0, 4864, 512, H200) == rounded_x(4864, 512) + 4 * 512 * 896 * 4
-    assert kernels.gemm_workspace_bytes(*QKV, 896, 128, H200) == rounded_x(896, 128) + 3 * 128 * sum(QKV) * 4
-    assert kernels.gemm_workspace_bytes(4864, 4864, 0, 896, 512, H200) == rounded_x(896, 512)
-    assert kernels.gemm_workspace_bytes(33, 0, 0, 32, 17, H200) == rounded_x(32, 17) == 1280
-    assert kernels.gemm_swiglu_workspace_bytes(896, 512) == rounded_x(896, 512)
+    f16 = mk.GGMLType.F16
+    assert kernels.gemm_workspace_bytes(f16, 896, 0, 0, 4864, 512, H200) == rounded_x(4864, 512) + 4 * 512 * 896 * 4
+    assert kernels.gemm_workspace_bytes(f16, *QKV, 896, 128, H200) == rounded_x(896, 128) + 3 * 128 * sum(QKV) * 4
+    assert kernels.gemm_workspace_bytes(f16, 4864, 4864, 0, 896, 512, H200) == rounded_x(896, 512)
+    assert kernels.gemm_workspace_bytes(f16, 33, 0, 0, 32, 17, H200) == rounded_x(32, 17) == 1280
+    assert kernels.gemm_swiglu_workspace_bytes(f16, 896, 4864, 512) == rounded_x(896, 512)
+
+
+def test_from_256_tokens_the_decoded_formats_weights_are_staged_after_them():
+    """A launch of 256 tokens or more whose weights a tile would decode (every type but F16 and BF16) decodes them
+    into the workspace first: every part's rows (gemm_swiglu: the gate's and the up's) as f16, after the slices."""
+    q4 = mk.GGMLType.Q4_0
+    down = rounded_x(4864, 512) + 4 * 512 * 896 * 4
+    assert kernels.gemm_workspace_bytes(q4, 896, 0, 0, 4864, 512, H200) == down + 896 * 4864 * 2
+    qkv = rounded_x(896, 256) + 3 * 256 * sum(QKV) * 4  # three slices, as at 512 tokens
+    assert kernels.gemm_workspace_bytes(q4, *QKV, 896, 256, H200) == qkv + sum(QKV) * 896 * 2
+    assert kernels.gemm_workspace_bytes(q4, *QKV, 896, 255, H200) == rounded_x(896, 255) + 3 * 255 * sum(QKV) * 4
+    assert kernels.gemm_swiglu_workspace_bytes(q4, 896, 4864, 512) == rounded_x(896, 512) + 2 * 4864 * 896 * 2
+    assert kernels.gemm_swiglu_workspace_bytes(q4, 896, 4864, 255) == rounded_x(896, 255)
+    for unstaged in (mk.GGMLType.F16, mk.GGMLType.BF16):
+        assert kernels.gemm_workspace_bytes(unstaged, 896, 0, 0, 4864, 512, H200) == down
 
 
 def test_fewer_multiprocessors_split_less():

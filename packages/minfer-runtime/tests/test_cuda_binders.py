@@ -22,6 +22,11 @@ from minfer.backends.cuda.binders import (  # noqa: E402 (needs minfer_kernels)
 from minfer.backends.cuda.fuse import FusedOp, fuse  # noqa: E402
 
 
+def every_weight(ggml_type: mk.GGMLType):
+    """The weight-type lookup of a model whose every weight is `ggml_type`."""
+    return lambda name: int(ggml_type)
+
+
 class FakeBinding:
     """Addresses by tensor name, every weight Q8_0: what a binder reads of a compiled graph."""
 
@@ -73,16 +78,24 @@ def test_a_graphs_workspace_is_the_most_any_of_its_launches_needs():
     64 + 2 floats each; 4 at 128, one per 256 rows of n_ctx) and the other GEMMs; decode attention's alone."""
     config = scaled("qwen2.5-0.5b", n_layers=2).config()
     heads, head_dim = config.n_heads, config.head_dim
+    f16 = every_weight(mk.GGMLType.F16)  # no staged weights
     for n_tokens, gemm_splits, attention_splits in ((512, 4, 3), (128, 8, 4)):
-        graph = fuse(build_graph(config, n_tokens, 1024), lambda name: int(mk.GGMLType.Q8_0))
+        graph = fuse(build_graph(config, n_tokens, 1024), f16)
         rounded_x = -(-n_tokens * config.d_ff * 2 // 256) * 256
         gemm = rounded_x + gemm_splits * n_tokens * config.d_model * 4
         attention = attention_splits * n_tokens * heads * (head_dim + 2) * 4
         assert mk.kernels.attention_prefill_workspace_bytes(n_tokens, heads, head_dim, 1024, 132) == attention
-        assert graph_workspace_bytes(graph.nodes, 132) == max(gemm, attention)
-    decode = fuse(build_graph(config, 1, 1024), lambda name: int(mk.GGMLType.Q8_0))
+        assert graph_workspace_bytes(graph.nodes, 132, f16) == max(gemm, attention)
+    # Q8_0 at 512 tokens: ffn_down's launch adds its staged rows ([896][4864] f16) to its rounded x and slices.
+    q8 = every_weight(mk.GGMLType.Q8_0)
+    graph = fuse(build_graph(config, 512, 1024), q8)
+    staged_down = (
+        -(-512 * config.d_ff * 2 // 256) * 256 + 4 * 512 * config.d_model * 4 + config.d_model * config.d_ff * 2
+    )
+    assert graph_workspace_bytes(graph.nodes, 132, q8) == staged_down
+    decode = fuse(build_graph(config, 1, 1024), q8)
     needs = mk.kernels.attention_decode_workspace_bytes(heads, head_dim, DECODE_ATTENTION_SPLITS)
-    assert graph_workspace_bytes(decode.nodes, 132) == needs
+    assert graph_workspace_bytes(decode.nodes, 132, q8) == needs
 
 
 def test_a_prompts_attention_splits_on_the_caches_rows_into_the_graphs_workspace():
@@ -97,7 +110,10 @@ def test_a_prompts_attention_splits_on_the_caches_rows_into_the_graphs_workspace
     assert launch.args["max_rows"] == 2048
     assert (launch.args["workspace"], launch.args["workspace_bytes"]) == (binding.workspace, binding.workspace_bytes)
     # 14 query tiles: 8 slices (one per 256 rows of 2048) of [64][14] states.
-    assert graph_workspace_bytes(graph.nodes, 132) >= 8 * 64 * config.n_heads * (config.head_dim + 2) * 4
+    assert (
+        graph_workspace_bytes(graph.nodes, 132, every_weight(mk.GGMLType.Q8_0))
+        >= 8 * 64 * config.n_heads * (config.head_dim + 2) * 4
+    )
 
 
 def test_a_graph_with_decode_attention_and_split_partials_is_refused():
@@ -108,4 +124,4 @@ def test_a_graph_with_decode_attention_and_split_partials_is_refused():
     prompt = fuse(build_graph(config, 64, 1024), lambda name: int(mk.GGMLType.Q8_0))
     attention = next(node for node in prompt.nodes if node.op is Op.ATTENTION)
     with pytest.raises(BackendError, match=rf"cuda: {attention.name}: .*decode attention"):
-        graph_workspace_bytes([*decode.nodes, attention], 132)
+        graph_workspace_bytes([*decode.nodes, attention], 132, every_weight(mk.GGMLType.Q8_0))

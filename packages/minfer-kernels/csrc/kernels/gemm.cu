@@ -55,12 +55,17 @@
 // for bf16, take a scalar path through the same shared-memory tiles. Every compiled architecture computes the
 // same function.
 //
-// Warpgroups. On sm_90a (H100, H200: warpgroup_tiles_run) the tiles are warpgroup tiles instead (WarpgroupTiles,
-// 128 x 128, for LargeTiles; SmallWarpgroupTiles, 64 x 128, for SmallTiles): the same steps, stages, slices and
-// epilogues, but each warpgroup multiplies with wgmma (wgmma.cuh), the tensor cores reading both tiles straight
-// from shared memory, 64 x 128 x 16 an instruction, instead of each warp loading fragments by ldmatrix for
-// 16 x 8 x 16 ones; the tiles' rows are stored in wgmma's 64-byte swizzle (tile_offset) rather than padded. bench/wgmma_probe.cu measured the instruction at 190-316 TFLOP/s on
-// Llama-3.2-1B's prompt products, against ~120 for the whole mma.sync prompt.
+// Warpgroups. On sm_90a (H100, H200: warpgroup_tiles_run) the copied formats' tiles are warpgroup tiles instead
+// (WarpgroupTiles, 128 x 128, for LargeTiles; SmallWarpgroupTiles, 64 x 128, for SmallTiles): the same steps,
+// stages, slices and epilogues, but each warpgroup multiplies with wgmma (wgmma.cuh), the tensor cores reading
+// both tiles straight from shared memory, 64 x 128 x 16 an instruction, instead of each warp loading fragments by
+// ldmatrix for 16 x 8 x 16 ones; the tiles' rows are stored in wgmma's 64-byte swizzle (tile_offset) rather than
+// padded. bench/wgmma_probe.cu measured the instruction at 190-316 TFLOP/s on Llama-3.2-1B's prompt products,
+// against ~120 for the whole mma.sync prompt.
+//
+// Staged weights. A prompt of STAGED_MIN_TOKENS tokens or more decodes the other formats' weights once, into f16
+// rows of the workspace (stage_weights), and multiplies them as F16 weights (launch_staged): a decoding tile
+// decodes its W blocks again for every tile of tokens, with registers and issue slots the products need.
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -127,14 +132,14 @@ using LargeTileShape = TileShape<128, 128, 2, 4, 2, REGISTER_STAGES>;
 // Their blocks wait for their loads: two register stages, and four blocks per SM (128 registers a thread,
 // which the 16-bit x leaves room for), whose slots split K fills (splits_for).
 using SmallTiles = TileShape<64, 64, 2, 2, 4, 2>;
-// The tiles multiplied by warpgroups (sm_90a, where the device is an H100 or H200: warpgroup_tiles_run): the
-// tensor cores read both operands from shared memory for 64 x 128 x 16 at once instead of a warp's ldmatrix and
-// 16 x 8 x 16 at a time; warp w holds the accumulators of tokens 16 w .. 16 w + 15 (wgmma's layout). In place of
-// LargeTiles, 128 x 128 (two warpgroups, two blocks an SM); in place of SmallTiles, 64 x 128 (one warpgroup),
-// which take the launch's slices of K as SmallTiles would (splits_for) and make half as many tiles: the narrow
-// products' blocks each multiply twice the features at the warpgroup's rate. Its thread carries two parts of W a
-// step (a LargeTiles thread one): one register stage and three blocks an SM (170 registers a thread: no spills
-// for any format, ptxas sm_90a; at four blocks, 128 registers, the K-quants' and F32's spilled).
+// The tiles multiplied by warpgroups (sm_90a, where the device is an H100 or H200: warpgroup_tiles_run), for the
+// copied formats: the tensor cores read both operands from shared memory for 64 x 128 x 16 at once instead of a
+// warp's ldmatrix and 16 x 8 x 16 at a time; warp w holds the accumulators of tokens 16 w .. 16 w + 15 (wgmma's
+// layout). In place of LargeTiles, 128 x 128 (two warpgroups, two blocks an SM); in place of SmallTiles,
+// 64 x 128 (one warpgroup), which take the launch's slices of K as SmallTiles would (splits_for) and make half as
+// many tiles: the narrow products' blocks each multiply twice the features at the warpgroup's rate. Three blocks
+// an SM (ptxas sm_90a: no spills). The decoding formats ran slower on them than on the warps' tiles (docs/
+// PERFORMANCE.md row 40): their threads' decoding, not the products, bounds those tiles.
 template <int REGISTER_STAGES>
 using WarpgroupTileShape = TileShape<128, 128, 8, 1, 2, REGISTER_STAGES, true>;
 using SmallWarpgroupTiles = TileShape<64, 128, 4, 1, 3, 1, true>;
@@ -1219,6 +1224,44 @@ __global__ void round_x(const float* __restrict__ x, std::uint16_t* __restrict__
                                                        round_pair<Op>(high.x, high.y), round_pair<Op>(high.z, high.w));
 }
 
+// The weights a staged launch multiplies (launch_format): part p's rows[p] rows of weight[p], staged one part
+// after the other; rows 0: the part is absent.
+struct StagedWeights {
+    const std::uint8_t* weight[MAX_GEMM_PARTS];
+    int rows[MAX_GEMM_PARTS];
+};
+
+// A long prompt's decoded weights, decoded once into f16 rows of the workspace: each half step of a row loaded
+// and decoded as a tile's step does it (Format::load, Format::decode), so the rows hold the f16 values the tiles
+// would have stored. Thread: half `half` of the 32-value step `step` of staged row `row` (i = (row * steps + step)
+// * 2 + half), the rows of every part in turn.
+template <class Format>
+__global__ void stage_weights(StagedWeights weights, long long row_bytes, std::uint16_t* __restrict__ staged,
+                              long long halves, int steps) {
+    const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+    const bool active = i < halves;
+    const int half = static_cast<int>(i % 2);
+    const int step = static_cast<int>(i / 2 % steps);
+    const long long row = i / 2 / steps;
+    typename Format::Raw raw{};
+    if (active) {
+        int part = 0;
+        long long part_row = row;
+        while (part + 1 < MAX_GEMM_PARTS && part_row >= weights.rows[part]) part_row -= weights.rows[part++];
+        raw = Format::load(weights.weight[part] + part_row * row_bytes, step, half);
+    }
+    // The loads read weights, which no kernel writes; the stores go to the workspace, which the kernel before
+    // may still be reading.
+    wait_for_previous_kernel();
+    allow_next_kernel();
+    if (!active) return;
+    std::uint32_t words[8];
+    Format::decode(raw, words);
+    std::uint16_t* run = staged + row * steps * K_STEP + step * K_STEP + half * Format::PART_STRIDE;
+    *reinterpret_cast<uint4*>(run) = make_uint4(words[0], words[1], words[2], words[3]);
+    *reinterpret_cast<uint4*>(run + Format::RUN_STRIDE) = make_uint4(words[4], words[5], words[6], words[7]);
+}
+
 // y = the sum of a split launch's slices, added in slice order, through the epilogue: the same additions in
 // the same order on every run, so the result is deterministic (atomic adds into y would sum in whatever order
 // the blocks end).
@@ -1252,7 +1295,7 @@ struct Products {
     const float* x;
     int in_features;
     int n_tokens;
-    void* workspace;  // x rounded, then the slices' partial sums when the launch splits K (workspace_bytes)
+    void* workspace;  // x rounded, the slices' partial sums, the staged weights (workspace_bytes)
     long long workspace_bytes;
 };
 
@@ -1312,10 +1355,42 @@ long long rounded_x_bytes(int in_features, int n_tokens) {
     return (static_cast<long long>(n_tokens) * in_features * 2 + 255) / 256 * 256;
 }
 
-// Bytes of a launch's workspace: x rounded, then the slices' partial sums when the launch splits K.
-long long workspace_bytes(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens, int splits) {
-    return rounded_x_bytes(in_features, n_tokens) +
-           partial_floats(out_features, n_tokens, splits) * static_cast<long long>(sizeof(float));
+// Staged weights. From STAGED_MIN_TOKENS tokens on, a launch whose weights a tile would decode (every format but
+// F16 and BF16) decodes them once into f16 rows of the workspace (stage_weights) and multiplies those as F16
+// weights: copied by cp.async, and on sm_90a by the warpgroup tiles, which the decoding tiles leave to the copied
+// formats. A decoding tile decodes its W blocks once per tile of tokens (four times at 512 tokens), in the
+// registers and issue slots the products need, and on the warpgroup tiles it ran 12-24% slower than on the warps'
+// (H200, pp512, docs/PERFORMANCE.md row 40); staging decodes each weight once, ~2.5 bytes a weight of traffic
+// against ~3.4 ps a weight of products at 256 tokens.
+constexpr int STAGED_MIN_TOKENS = 256;
+
+bool stages_weights(int type, int n_tokens) {
+    return n_tokens >= STAGED_MIN_TOKENS && type != GGML_F16 && type != GGML_BF16;
+}
+
+// Weight rows a launch stages: every part's, and paired (gemm_swiglu: one part of out_features[0] features) the
+// gate's and the up's.
+template <bool PAIRED>
+long long staged_rows(const int (&out_features)[MAX_GEMM_PARTS]) {
+    if (PAIRED) return 2LL * out_features[0];
+    long long rows = 0;
+    for (const int n : out_features) rows += n;
+    return rows;
+}
+
+// Bytes of a launch's workspace before its staged weights: x rounded, then the slices' partial sums when the
+// launch splits K, in whole 256-byte units (the staged rows after them start aligned).
+long long unstaged_bytes(const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens, int splits) {
+    const long long partial_bytes = partial_floats(out_features, n_tokens, splits) * sizeof(float);
+    return rounded_x_bytes(in_features, n_tokens) + (partial_bytes + 255) / 256 * 256;
+}
+
+// Bytes of a launch's workspace: x rounded, the slices' partial sums, then the staged weights (f16 rows).
+template <bool PAIRED>
+long long workspace_bytes(int type, const int (&out_features)[MAX_GEMM_PARTS], int in_features, int n_tokens,
+                          int splits) {
+    const long long staged = stages_weights(type, n_tokens) ? staged_rows<PAIRED>(out_features) * in_features * 2 : 0;
+    return unstaged_bytes(out_features, in_features, n_tokens, splits) + staged;
 }
 
 template <class Tiles, class Format, bool PAIRED>
@@ -1371,8 +1446,8 @@ cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
                              stream, parts, splits, p.n_tokens, columns);
 }
 
-// Whether the large tiles go to the warpgroups: the build has sm_90a code (MINFER_SM90A_SASS: MinferCuda.cmake
-// compiles sm_90 as sm_90a) and the device is one it runs on, compute capability 9.0 (H100, H200).
+// Whether the copied formats' tiles go to the warpgroups: the build has sm_90a code (MINFER_SM90A_SASS:
+// MinferCuda.cmake compiles sm_90 as sm_90a) and the device is one it runs on, compute capability 9.0 (H100, H200).
 cudaError_t warpgroup_tiles_run(bool& run) {
     run = false;
 #if defined(MINFER_SM90A_SASS)
@@ -1389,16 +1464,51 @@ cudaError_t warpgroup_tiles_run(bool& run) {
     return cudaSuccess;
 }
 
+// The products of p with its weights decoded into the workspace (stages_weights): stage_weights, then the F16
+// launch of the staged rows.
+template <class Format, bool PAIRED>
+cudaError_t launch_staged(const Products& p, int multiprocessors, int splits, cudaStream_t stream);
+
+// The copied formats' tiles: on the warpgroups where they run (warpgroup_tiles_run), else on the warps.
 template <class Format, bool PAIRED>
 cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
-    bool warpgroups = false;
-    if (const cudaError_t failed = warpgroup_tiles_run(warpgroups); failed != cudaSuccess) return failed;
-    if (large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors)) {  // splits_for never splits them
-        if (warpgroups) return launch_tiles<WarpgroupTiles<Format>, Format, PAIRED>(p, splits, stream);
-        return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);
+    const bool large = large_tiles<PAIRED>(p.out_features, p.n_tokens, multiprocessors);  // never split
+    if constexpr (copied_as_operand<Format>) {
+        bool warpgroups = false;
+        if (const cudaError_t failed = warpgroup_tiles_run(warpgroups); failed != cudaSuccess) return failed;
+        if (warpgroups && large) return launch_tiles<WarpgroupTiles<Format>, Format, PAIRED>(p, splits, stream);
+        if (warpgroups) return launch_tiles<SmallWarpgroupTiles, Format, PAIRED>(p, splits, stream);
+    } else if (stages_weights(p.type, p.n_tokens)) {
+        return launch_staged<Format, PAIRED>(p, multiprocessors, splits, stream);
     }
-    if (warpgroups) return launch_tiles<SmallWarpgroupTiles, Format, PAIRED>(p, splits, stream);
+    if (large) return launch_tiles<LargeTiles<Format>, Format, PAIRED>(p, splits, stream);
     return launch_tiles<SmallTiles, Format, PAIRED>(p, splits, stream);
+}
+
+template <class Format, bool PAIRED>
+cudaError_t launch_staged(const Products& p, int multiprocessors, int splits, cudaStream_t stream) {
+    auto* staged = reinterpret_cast<std::uint16_t*>(static_cast<std::uint8_t*>(p.workspace) +
+                                                    unstaged_bytes(p.out_features, p.in_features, p.n_tokens, splits));
+    StagedWeights weights{};
+    Products f16 = p;
+    f16.type = GGML_F16;
+    long long first_row = 0;
+    for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
+        weights.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
+        weights.rows[i] = PAIRED ? (i < 2 ? p.out_features[0] : 0) : p.out_features[i];
+        f16.weight[i] = weights.rows[i] > 0 ? staged + first_row * p.in_features : nullptr;
+        first_row += weights.rows[i];
+    }
+    // grid.x: ceil(halves / 256) blocks, a thread per half step (16 weights) of every staged row.
+    constexpr int STAGE_BLOCK = 256;
+    const int steps = p.in_features / K_STEP;
+    const long long halves = 2 * first_row * steps;
+    if (const cudaError_t failed = launch_overlapped(
+            stage_weights<Format>, dim3(unsigned((halves + STAGE_BLOCK - 1) / STAGE_BLOCK)), dim3(STAGE_BLOCK), 0,
+            stream, weights, row_bytes(p.type, p.in_features), staged, halves, steps);
+        failed != cudaSuccess)
+        return failed;
+    return launch_format<F16Tile, PAIRED>(f16, multiprocessors, splits, stream);
 }
 
 // The checks of every launch's arguments; cudaSuccess when they pass.
@@ -1441,12 +1551,13 @@ cudaError_t launch_type(const Products& p, int multiprocessors, int splits, cuda
 }
 
 // The workspace check of a launch of `splits` slices of K; cudaSuccess when it passes.
+template <bool PAIRED>
 cudaError_t refuse_workspace(const Products& p, int splits) {
-    const long long needed = workspace_bytes(p.out_features, p.in_features, p.n_tokens, splits);
+    const long long needed = workspace_bytes<PAIRED>(p.type, p.out_features, p.in_features, p.n_tokens, splits);
     if (p.workspace == nullptr || p.workspace_bytes < needed || !is_aligned(p.workspace, 16))
         return minfer_refuse(
             "workspace must hold gemm_workspace_bytes(...) bytes (gemm_swiglu: gemm_swiglu_workspace_bytes(...)), "
-            "16-byte aligned: x rounded to 16 bits, then the slices' partial sums where K is split");
+            "16-byte aligned: x rounded to 16 bits, the slices' partial sums where K is split, the staged weights");
     return cudaSuccess;
 }
 
@@ -1456,7 +1567,7 @@ cudaError_t launch_products(const Products& p, cudaStream_t stream) {
     int multiprocessors = 0;
     if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
     const int splits = splits_for(p.out_features, p.in_features, p.n_tokens, multiprocessors);
-    if (const cudaError_t refused = refuse_workspace(p, splits); refused != cudaSuccess) return refused;
+    if (const cudaError_t refused = refuse_workspace<false>(p, splits); refused != cudaSuccess) return refused;
     return launch_type<false>(p, multiprocessors, splits, stream);
 }
 
@@ -1472,16 +1583,17 @@ extern "C" int gemm_splits(int out_features_0, int out_features_1, int out_featu
     return splits_for(out_features, in_features, n_tokens, multiprocessors);
 }
 
-extern "C" long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2,
+extern "C" long long gemm_workspace_bytes(int type, int out_features_0, int out_features_1, int out_features_2,
                                           int in_features, int n_tokens, int multiprocessors) {
     const int out_features[MAX_GEMM_PARTS] = {std::max(out_features_0, 0), std::max(out_features_1, 0),
                                               std::max(out_features_2, 0)};
-    return workspace_bytes(out_features, in_features, n_tokens,
-                           splits_for(out_features, in_features, n_tokens, multiprocessors));
+    return workspace_bytes<false>(type, out_features, in_features, n_tokens,
+                                  splits_for(out_features, in_features, n_tokens, multiprocessors));
 }
 
-extern "C" long long gemm_swiglu_workspace_bytes(int in_features, int n_tokens) {
-    return rounded_x_bytes(in_features, n_tokens);
+extern "C" long long gemm_swiglu_workspace_bytes(int type, int in_features, int d_ff, int n_tokens) {
+    const int out_features[MAX_GEMM_PARTS] = {std::max(d_ff, 0), 0, 0};
+    return workspace_bytes<true>(type, out_features, in_features, n_tokens, 1);
 }
 
 extern "C" cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* y_0, int out_features_0,
@@ -1538,7 +1650,7 @@ extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int 
                           workspace_bytes};
     if (const cudaError_t refused = refuse_products(paired); refused != cudaSuccess) return refused;
     if (gate == nullptr || up == nullptr || h == nullptr) return minfer_refuse("gate, up and h must not be null");
-    if (const cudaError_t refused = refuse_workspace(paired, 1); refused != cudaSuccess) return refused;
+    if (const cudaError_t refused = refuse_workspace<true>(paired, 1); refused != cudaSuccess) return refused;
     int multiprocessors = 0;
     if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
     return launch_type<true>(paired, multiprocessors, 1, stream);

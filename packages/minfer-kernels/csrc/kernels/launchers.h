@@ -70,12 +70,13 @@ cudaError_t launch_matmul(const void* weight, int type, const float* x, float* y
 // gemm, add_bias_f32 and add_f32 one after the other, so the result is theirs to the bit. Where the launch's
 // tiles leave the GPU's block slots empty, K is cut into gemm_splits(...) slices (1: none) whose partial sums
 // meet in `workspace`, then are added in slice order (deterministic). The workspace holds x rounded to 16 bits
-// (once per launch: every tile of output features reads it) and those partial sums: the launch needs
-// gemm_workspace_bytes(...) bytes there, 16-byte aligned, for the same parts, in_features and n_tokens and the
-// device's multiprocessor count.
+// (once per launch: every tile of output features reads it), those partial sums, and, for a prompt of 256 tokens
+// or more whose weights are neither F16 nor BF16, the weights decoded once to f16 rows: the launch needs
+// gemm_workspace_bytes(...) bytes there, 16-byte aligned, for the same type, parts, in_features and n_tokens and
+// the device's multiprocessor count.
 int gemm_splits(int out_features_0, int out_features_1, int out_features_2, int in_features, int n_tokens,
                 int multiprocessors);
-long long gemm_workspace_bytes(int out_features_0, int out_features_1, int out_features_2, int in_features,
+long long gemm_workspace_bytes(int type, int out_features_0, int out_features_1, int out_features_2, int in_features,
                                int n_tokens, int multiprocessors);
 cudaError_t launch_gemm(const void* weight, int type, const float* x, const float* bias, const float* residual,
                         float* y, int in_features, int out_features, int n_tokens, void* workspace,
@@ -87,8 +88,9 @@ cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* 
                               long long workspace_bytes, cudaStream_t stream);
 // h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f] over [n_tokens][d_ff], gate and up of one GGML type (d_ff
 // rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split, so its
-// workspace (gemm_swiglu_workspace_bytes(...) bytes, 16-byte aligned) holds the rounded x alone.
-long long gemm_swiglu_workspace_bytes(int in_features, int n_tokens);
+// workspace (gemm_swiglu_workspace_bytes(...) bytes, 16-byte aligned) holds the rounded x and, where gemm's would,
+// the gate's and up's rows decoded to f16.
+long long gemm_swiglu_workspace_bytes(int type, int in_features, int d_ff, int n_tokens);
 cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
                                int d_ff, int n_tokens, void* workspace, long long workspace_bytes,
                                cudaStream_t stream);

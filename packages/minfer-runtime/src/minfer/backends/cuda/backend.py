@@ -64,7 +64,8 @@ class CudaCompiledGraph(CompiledGraph):
         self.inputs = {name: allocate(t.nbytes, f"input '{name}'") for name, t in graph.inputs.items()}
         self.argmax_out = allocate(4, "the argmax result")
         self.argmax_workspace: mk.DeviceBuffer | None = None  # sized by the first argmax
-        workspace = allocate(graph_workspace_bytes(graph.nodes, backend.multiprocessors), "the graph's workspace")
+        workspace_bytes = graph_workspace_bytes(graph.nodes, backend.multiprocessors, backend.weight_type)
+        workspace = allocate(workspace_bytes, "the graph's workspace")
         self.workspace_buffer = workspace  # held while the launches that read its address live
         self.workspace, self.workspace_bytes = workspace.ptr, workspace.nbytes
         self.launches = [self.bind(node) for node in graph.nodes]
@@ -81,7 +82,7 @@ class CudaCompiledGraph(CompiledGraph):
         return self.storage(tensor).ptr
 
     def weight_type(self, tensor: Tensor) -> int:
-        return int(self.backend.weight_types[tensor.name])
+        return self.backend.weight_type(tensor.name)
 
     def check(self, node: Node) -> None:
         """What every kernel needs of a node: rows a grid can cover, its weights loaded in a format the
@@ -245,8 +246,12 @@ class CudaBackend(Backend):
     def supports(self, op: enum.Enum) -> bool:
         return op in BINDERS
 
+    def weight_type(self, name: str) -> int:
+        """The GGML type id of loaded weight `name`, as the kernels take it."""
+        return int(self.weight_types[name])
+
     def lower(self, graph: Graph) -> Graph:
-        return fuse(graph, lambda name: int(self.weight_types[name]))
+        return fuse(graph, self.weight_type)
 
     def load_weights(self, gguf: GGUFFile, names: list[str], progress: ProgressCallback | None = None) -> None:
         for name in names:

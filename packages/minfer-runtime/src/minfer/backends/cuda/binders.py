@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import minfer_kernels as mk
-from minfer.backends.cuda.fuse import GEMM_GROUP_PARTS, FusedOp, matmul_kernel
+from minfer.backends.cuda.fuse import GEMM_GROUP_PARTS, FusedOp, WeightType, matmul_kernel
 from minfer.errors import BackendError
 from minfer.graph.ir import Node, Op, Tensor
 
@@ -354,10 +354,11 @@ def prefill_attention_workspace_bytes(node: Node, multiprocessors: int) -> int:
     )
 
 
-def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
+def graph_workspace_bytes(nodes: list[Node], multiprocessors: int, weight_type: WeightType) -> int:
     """Bytes of a graph's one workspace: the most any of its nodes needs, decode attention (its per-head
-    counters and split results), a GEMM (its x rounded to 16 bits, and its slices' partial sums where it splits
-    K; gemm_workspace_bytes, gemm_swiglu_workspace_bytes) or a prompt's attention that splits the cache rows (its
+    counters and split results), a GEMM (its x rounded to 16 bits, its slices' partial sums where it splits K,
+    its weights decoded to f16 where a long prompt stages them; gemm_workspace_bytes, gemm_swiglu_workspace_bytes:
+    `weight_type` gives a weight's GGML type by name) or a prompt's attention that splits the cache rows (its
     slices' partial states), on a GPU of `multiprocessors` SMs. The launches follow each other on one stream, so
     one buffer serves them in turn: the GEMM's and prefill attention's contents are written before they are read
     within a launch, whatever the buffer held.
@@ -377,10 +378,15 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int) -> int:
         elif (weights := gemm_weights(node)) is not None:
             out_features = [w.shape[0] for w in weights] + [0] * (GEMM_GROUP_PARTS - len(weights))
             x = node.inputs[0]
-            partials.append(mk.kernels.gemm_workspace_bytes(*out_features, x.shape[1], x.shape[0], multiprocessors))
+            type_ = weight_type(weights[0].name)
+            partials.append(
+                mk.kernels.gemm_workspace_bytes(type_, *out_features, x.shape[1], x.shape[0], multiprocessors)
+            )
         elif node.op is FusedOp.GEMM_SWIGLU:
-            x = node.inputs[0]
-            partials.append(mk.kernels.gemm_swiglu_workspace_bytes(x.shape[1], x.shape[0]))
+            x, gate = node.inputs[:2]
+            partials.append(
+                mk.kernels.gemm_swiglu_workspace_bytes(weight_type(gate.name), *gate.shape[::-1], x.shape[0])
+            )
         else:
             continue
         if partials[-1] and decode:
