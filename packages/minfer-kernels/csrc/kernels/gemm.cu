@@ -140,8 +140,7 @@ using SmallTiles = TileShape<64, 64, 2, 2, 4, 2>;
 // many tiles: the narrow products' blocks each multiply twice the features at the warpgroup's rate. Three blocks
 // an SM (ptxas sm_90a: no spills). The decoding formats ran slower on them than on the warps' tiles (docs/
 // PERFORMANCE.md row 40): their threads' decoding, not the products, bounds those tiles.
-template <int REGISTER_STAGES>
-using WarpgroupTileShape = TileShape<128, 128, 8, 1, 2, REGISTER_STAGES, true>;
+using WarpgroupTiles = TileShape<128, 128, 8, 1, 2, 1, true>;  // copied: no register stages to count
 using SmallWarpgroupTiles = TileShape<64, 128, 4, 1, 3, 1, true>;
 
 // Output features of one tile: BN, or paired (gemm_swiglu: a gate and an up row per feature) BN / 2.
@@ -680,8 +679,6 @@ struct LargeTileRegisterStages<Format, true> {
 };
 template <class Format>
 using LargeTiles = LargeTileShape<LargeTileRegisterStages<Format>::value>;
-template <class Format>
-using WarpgroupTiles = WarpgroupTileShape<LargeTileRegisterStages<Format>::value>;
 
 // Shared-memory stages of a block: the copied formats' COPY_STAGES, the decoded formats' two buffers
 // (multiply_staged_steps); and their bytes, the kernel's dynamic shared memory.
@@ -979,8 +976,7 @@ __device__ __forceinline__ void multiply_step(float (&acc)[Tiles::FRAGS_M][Tiles
 // same registers and a load has one step of products to arrive in. With two (AHEAD = 2), the even steps'
 // loads and the odd steps' alternate: at the start of step s the stage holding step s + 1 has its loads
 // in flight and the other was stored at the end of step s - 1, so it takes step s + 2, and each load has
-// two steps of products to arrive in. With warpgroups the products run while the thread stores step s + 1; they
-// have finished before the barrier (products_finished).
+// two steps of products to arrive in.
 template <class Tiles, int AHEAD, bool PAIRED, class Format>
 __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                               StepRegisters<Tiles, Format>& load_stage,
@@ -994,8 +990,6 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
     if (step + AHEAD < n_steps) load_step<PAIRED>(load_stage, source, step + AHEAD);
     multiply_step<Tiles>(acc, x_tiles[current], w_tiles[current], warp_row, warp_column);
     if (step + 1 < n_steps) store_step<PAIRED>(store_stage, x_tiles[1 - current], w_tiles[1 - current], rows_left);
-    products_finished<Tiles>(acc);
-    tiles_written<Tiles>();
     __syncthreads();
 }
 
@@ -1004,13 +998,15 @@ __device__ __forceinline__ void pipeline_step(float (&acc)[Tiles::FRAGS_M][Tiles
 // flight and the stage of s is free (stored at the end of step s - 1). Step s then loads step s + 2 into the free
 // stage, multiplies, stores step s + 1 into the other buffer (last read in step s - 1, before the barrier that
 // ended it) and meets the barrier: a load has two steps of products to arrive in, not one. With one register
-// stage, `even` serves every step.
+// stage, `even` serves every step. (On the warps' tiles only: launch_format gives the decoded formats no
+// warpgroups.)
 template <class Tiles, class Format, bool PAIRED>
 __device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_M][Tiles::FRAGS_N][4],
                                                       const StepSource& source,
                                                       Operand<Format> (*x_tiles)[Tiles::X_TILE_VALUES],
                                                       Operand<Format> (*w_tiles)[Tiles::W_TILE_VALUES],
                                                       int n_steps, int rows_left, int warp_row, int warp_column) {
+    static_assert(!Tiles::WARPGROUPS, "the decoded formats' tiles are the warps'");
     StepRegisters<Tiles, Format> even, odd;
     // The weights are no earlier kernel's output: step 0's are in flight while the kernel before (round_x)
     // finishes; x, and every store, wait for it (launch_overlapped).
@@ -1021,14 +1017,12 @@ __device__ __forceinline__ void multiply_staged_steps(float (&acc)[Tiles::FRAGS_
     store_step<PAIRED>(even, x_tiles[0], w_tiles[0], rows_left);
     if constexpr (Tiles::REGISTER_STAGES == 1) {
         if (n_steps > 1) load_step<PAIRED>(even, source, 1);
-        tiles_written<Tiles>();
         __syncthreads();
         for (int step = 0; step < n_steps; ++step)
             pipeline_step<Tiles, 1, PAIRED>(acc, even, even, source, x_tiles, w_tiles, step, n_steps, rows_left,
                                             warp_row, warp_column);
     } else {
         if (n_steps > 1) load_step<PAIRED>(odd, source, 1);
-        tiles_written<Tiles>();
         __syncthreads();
         // Two steps per trip, so that each stage is a fixed set of registers.
         for (int step = 0; step < n_steps; step += 2) {
@@ -1476,7 +1470,7 @@ cudaError_t launch_format(const Products& p, int multiprocessors, int splits, cu
     if constexpr (copied_as_operand<Format>) {
         bool warpgroups = false;
         if (const cudaError_t failed = warpgroup_tiles_run(warpgroups); failed != cudaSuccess) return failed;
-        if (warpgroups && large) return launch_tiles<WarpgroupTiles<Format>, Format, PAIRED>(p, splits, stream);
+        if (warpgroups && large) return launch_tiles<WarpgroupTiles, Format, PAIRED>(p, splits, stream);
         if (warpgroups) return launch_tiles<SmallWarpgroupTiles, Format, PAIRED>(p, splits, stream);
     } else if (stages_weights(p.type, p.n_tokens)) {
         return launch_staged<Format, PAIRED>(p, multiprocessors, splits, stream);
