@@ -121,7 +121,8 @@ def test_a_prompt_after_a_long_cached_prefix_matches_cpu(arch, synthetic_model):
     """A 1000-token prompt runs as two graphs: 512 tokens from position 0, then 488 at depth 512, whose queries
     see 513 to 1000 rows. With ctx_size 1024 the prompt attention cuts the cache rows into up to 4 slices (one
     per 256 rows of n_ctx, the bound the binder passes) merged through the graph's workspace: heads of 64
-    (14/2) and of 128 (16/8)."""
+    (14/2) and of 128 (16/8). Both graphs' GEMMs stage their Q8_0 weights as f16 rows in that workspace (256
+    tokens or more: gemm.cu's staged weights)."""
     spec = SPECS[arch]
     rng = np.random.default_rng(1)
     prompts = [[int(t) for t in rng.integers(3, spec.vocab_size, size=1000)] for _ in range(2)]
