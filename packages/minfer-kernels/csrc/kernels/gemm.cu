@@ -1218,7 +1218,7 @@ __global__ void round_x(const float* __restrict__ x, std::uint16_t* __restrict__
                                                        round_pair<Op>(high.x, high.y), round_pair<Op>(high.z, high.w));
 }
 
-// The weights a staged launch multiplies (launch_format): part p's rows[p] rows of weight[p], staged one part
+// The weights a staged launch decodes (launch_staged): part p's rows[p] rows of weight[p], staged one part
 // after the other; rows 0: the part is absent.
 struct StagedWeights {
     const std::uint8_t* weight[MAX_GEMM_PARTS];
@@ -1354,8 +1354,11 @@ long long rounded_x_bytes(int in_features, int n_tokens) {
 // weights: copied by cp.async, and on sm_90a by the warpgroup tiles, which the decoding tiles leave to the copied
 // formats. A decoding tile decodes its W blocks once per tile of tokens (four times at 512 tokens), in the
 // registers and issue slots the products need, and on the warpgroup tiles it ran 12-24% slower than on the warps'
-// (H200, pp512, docs/PERFORMANCE.md row 40); staging decodes each weight once, ~2.5 bytes a weight of traffic
-// against ~3.4 ps a weight of products at 256 tokens.
+// (H200, pp512, docs/PERFORMANCE.md row 40). Staging decodes each weight once: ~2.5 bytes of traffic a weight
+// (~0.7 ps at 3.5 TB/s) against ~1.7 ps a weight of products at 256 tokens (3.4 at 512); measured (row 41): pp256
+// +9-23%, pp512 +20-38% at Qwen2.5-0.5B's shapes, +60-100% at Llama-3.2-1B's. On the warps' tiles (GPUs without
+// sm_90a) the F16 tiles also outrun the decoding ones (1.37x Q4_0's at 1B on an H200), but staging there is
+// unmeasured.
 constexpr int STAGED_MIN_TOKENS = 256;
 
 bool stages_weights(int type, int n_tokens) {
