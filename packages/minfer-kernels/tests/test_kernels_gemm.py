@@ -82,16 +82,20 @@ def multiprocessors() -> int:
     return mk.devices()[0].sm_count
 
 
+def three_parts(parts: tuple[int, ...]) -> tuple[int, ...]:
+    """A launch's out_features per part as the bindings take them: three, an absent part 0."""
+    return (*parts, *[0] * (3 - len(parts)))
+
+
 def splits(parts: tuple[int, ...], in_features: int, n_tokens: int) -> int:
     """The slices of K gemm_group cuts a launch of these parts (out_features each) into on this GPU."""
-    return kernels.gemm_splits(*parts, *[0] * (3 - len(parts)), in_features, n_tokens, multiprocessors())
+    return kernels.gemm_splits(*three_parts(parts), in_features, n_tokens, multiprocessors())
 
 
 def workspace(stream: mk.Stream, ggml_type: mk.GGMLType, parts: tuple[int, ...], in_features: int, n_tokens: int):
     """(the workspace of a launch of these parts, poisoned: a rounded x, a slice's sums or a staged weight left
     unwritten shows; its bytes). Hold the buffer until the launch has run."""
-    padded = (*parts, *[0] * (3 - len(parts)))
-    nbytes = kernels.gemm_workspace_bytes(ggml_type, *padded, in_features, n_tokens, multiprocessors())
+    nbytes = kernels.gemm_workspace_bytes(ggml_type, *three_parts(parts), in_features, n_tokens, multiprocessors())
     return poisoned((nbytes // 4,), np.float32, stream), nbytes
 
 
