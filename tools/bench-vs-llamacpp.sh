@@ -13,8 +13,9 @@
 #       done) llama-cpp-python-0.3.36-llama.cpp
 # and set LLAMA_CPP=llama-src.tar.xz. LLAMA_BIN, a folder holding llama-bench and
 # llama-quantize already built, skips the build. minfer must be installed (tools/gpu-check.sh builds it).
-# Knobs: CUDA_ARCHS (default native), JOBS (default: every core), SHAPES (default qwen2.5-0.5b llama3.2-1b),
-# WORKDIR (default /tmp/minfer-vs-llamacpp), PYTHON (default python3).
+# Knobs: CUDA_ARCHS (default native), JOBS (default: every core), SHAPES (default qwen2.5-0.5b llama3.2-1b; any
+# preset of minfer.testing.synthetic, qwen3-0.6b and gemma3-270m among them), WORKDIR (default
+# /tmp/minfer-vs-llamacpp), PYTHON (default python3). Real GGUF files, benched as they are: --models FILE,...
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
