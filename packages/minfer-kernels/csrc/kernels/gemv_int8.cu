@@ -510,9 +510,9 @@ __device__ __forceinline__ void copy_tail(const Window& w, const std::uint8_t* e
 // The producer warp brings one item into a stage: where the chunk's rows are consecutive and whole
 // (launch.contiguous), lane 0 copies them as one window; otherwise lane s copies the slice of the chunk's row
 // s into slot s. `offsets[s]`: where row s's slice begins in the stage (the copy engine moves whole 16-byte
-// units: the units before and after it belong to the tensor too). The bytes a copying lane adds itself are
-// read only after the consumers' first barrier that follows. The stage's `full` barrier expects every unit
-// before any copy is issued.
+// units: the units before and after it belong to the tensor too). The offsets and the bytes a copying lane adds
+// itself reach the consumers with the stage's `full` barrier: the lanes' stores, the warp's __syncwarp, then
+// lane 0's arrival, which releases them. That barrier expects every unit before any copy is issued.
 template <class Epilogue>
 __device__ void fetch_item(const Int8Launch& launch, const Epilogue& epilogue, int chunk, int slice,
                            std::uint8_t* stage, std::uint32_t* offsets, std::uint64_t* full, int lane) {
