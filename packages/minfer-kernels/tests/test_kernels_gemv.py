@@ -60,7 +60,7 @@ INT8_TYPES = tuple(QUANTIZED)
 def with_paths(cases: list, types_of: Callable[[tuple], tuple]) -> list:
     """Each case once per setting of the launchers' choice, the setting last (the `path` fixture's parameter):
     the CUDA cores alone, and (sm_90+, where gemv_int8.cu reads every type of the case) the integer tensor cores
-    allowed, which gemv and gemv_swiglu/geglu take for outputs of many rows (gemv_int8_prefers)."""
+    allowed, which gemv and gemv_swiglu/geglu take for products of many weights an SM (gemv_int8_prefers)."""
     params = []
     for case in cases:
         params.append(pytest.param(*case, "cuda_cores"))

@@ -21,7 +21,7 @@
 namespace minfer {
 
 // A stage's barrier expecting `count` arrivals a phase (and, for `full`, the bytes its copies bring). Made
-// visible to the copy engine by the fence, and to the other threads by a __syncthreads that follows.
+// visible to the copy engine by the fence, and to the other threads by a block barrier that follows.
 __device__ __forceinline__ void init_arrival(std::uint64_t* barrier, unsigned count) {
 #if MINFER_SM90
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(count));

@@ -1365,13 +1365,19 @@ bool stages_weights(int type, int n_tokens) {
     return n_tokens >= STAGED_MIN_TOKENS && type != GGML_F16 && type != GGML_BF16;
 }
 
-// Weight rows a launch stages: every part's, and paired (gemm_swiglu: one part of out_features[0] features) the
-// gate's and the up's.
+// Weight rows a launch stages of its part `part`: the part's out_features, and paired (gemm_swiglu: one part of
+// out_features[0] features) the gate's (part 0) and the up's (part 1).
+template <bool PAIRED>
+int staged_part_rows(const int (&out_features)[MAX_GEMM_PARTS], int part) {
+    if (PAIRED) return part < 2 ? out_features[0] : 0;
+    return out_features[part];
+}
+
+// Weight rows a launch stages, all parts'.
 template <bool PAIRED>
 long long staged_rows(const int (&out_features)[MAX_GEMM_PARTS]) {
-    if (PAIRED) return 2LL * out_features[0];
     long long rows = 0;
-    for (const int n : out_features) rows += n;
+    for (int part = 0; part < MAX_GEMM_PARTS; ++part) rows += staged_part_rows<PAIRED>(out_features, part);
     return rows;
 }
 
@@ -1492,7 +1498,7 @@ cudaError_t launch_staged(const Products& p, int multiprocessors, int splits, cu
     long long first_row = 0;
     for (int i = 0; i < MAX_GEMM_PARTS; ++i) {
         weights.weight[i] = static_cast<const std::uint8_t*>(p.weight[i]);
-        weights.rows[i] = PAIRED ? (i < 2 ? p.out_features[0] : 0) : p.out_features[i];
+        weights.rows[i] = staged_part_rows<PAIRED>(p.out_features, i);
         f16.weight[i] = weights.rows[i] > 0 ? staged + first_row * p.in_features : nullptr;
         first_row += weights.rows[i];
     }

@@ -42,9 +42,9 @@
 // group prefetches its rows of W into L2 (weights do not depend on it); after the wait only L2 hits and
 // x remain.
 //
-// Every launcher first offers its launch to gemv_int8.cu (int8_launch): on sm_90+ the products with outputs of
-// many rows (the output head, a 1B model's gate|up) in a quantized format run there, on the integer tensor
-// cores, with the same epilogue (gemv_epilogues.cuh); everything else runs here.
+// Every launcher first offers its launch to gemv_int8.cu (int8_launch): on sm_90+ the products of many weights
+// an SM (the output head, a 1B model's gate|up and ffn_down) in a quantized format run there, on the integer
+// tensor cores, with the same epilogue (gemv_epilogues.cuh); everything else runs here.
 #include <cuda_fp16.h>
 
 #include <algorithm>

@@ -199,7 +199,7 @@ struct GemvQkvRopeStore {
 // gemv_int8.cu: the same products on the integer tensor cores, for StoreRows<1, *> and GemvGated<*>.
 // gemv_int8_takes: the GPU, the weights' types, their alignment and the row length allow it;
 // gemv_int8_prefers: it does, and the product is one where the tensor cores stream the weights faster than
-// gemv.cu's kernel (docs/PERFORMANCE.md, session 11: outputs of many rows). gemv.cu's launchers ask the latter.
+// gemv.cu's kernel (docs/PERFORMANCE.md, session 24: many weights an SM). gemv.cu's launchers ask the latter.
 template <class Epilogue>
 bool gemv_int8_takes(const Epilogue& epilogue, int in_features);
 template <class Epilogue>

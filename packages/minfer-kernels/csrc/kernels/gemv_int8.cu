@@ -1,6 +1,6 @@
 // One-token GEMVs on the integer tensor cores, with the weights staged through shared memory by the copy
-// engine (sm_90): the products of a decode step with outputs of many rows (the output head, a 1B model's
-// gate|up) whose weights are in a quantized format, with gemv.cu's epilogues (gemv_epilogues.cuh):
+// engine (sm_90): the products of a decode step with many weights an SM (the output head, a 1B model's gate|up
+// and ffn_down) whose weights are in a quantized format, with gemv.cu's epilogues (gemv_epilogues.cuh):
 //
 //     y = W norm(x)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS;
 //                        norm: RMSNorm with its weight, or nothing
@@ -47,7 +47,7 @@
 // stage's `full` barrier (the copies' bytes landed) and split the slice's blocks among them, each warp taking
 // every tile of the chunk for its blocks (the x operands of a block loaded once for both tiles). At a chunk's
 // last slice their sums meet in shared memory (the consumers' own barrier, no block-wide one) and warp 0's
-// finishing lanes (one per group) hand them to the epilogue. Every warp first quantizes its share of x into
+// finishing lanes (one per group) hand them to the epilogue. Every consumer first quantizes its share of x into
 // shared memory, applying the norm weight and gathering the sum of squares on the way (the norm is the scalar
 // inv_rms, applied at the end, as in gemv.cu). In an mma.m16n8k32, lane (g, t) (g = lane / 4, t = lane % 4)
 // holds row g's and row g + 8's values 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3: for the nibble formats exactly
@@ -428,6 +428,17 @@ __device__ __forceinline__ void sync_consumers() {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * WARP_SIZE) : "memory");
 }
 
+// Named barrier 2, once a launch: the consumers wait (bar.sync) for each other's x and for the producer's
+// arrival (bar.arrive, no wait) after it has initialized the stages' barriers, so the producer's copies, issued
+// one row at a time, never hold the consumers back.
+constexpr int BARRIERS_READY = 2;
+__device__ __forceinline__ void announce_barriers() {
+    asm volatile("bar.arrive %0, %1;" ::"n"(BARRIERS_READY), "r"(WARPS * WARP_SIZE) : "memory");
+}
+__device__ __forceinline__ void wait_for_x_and_barriers() {
+    asm volatile("bar.sync %0, %1;" ::"n"(BARRIERS_READY), "r"(WARPS * WARP_SIZE) : "memory");
+}
+
 // d = a b + c over one 16 x 8 x 32 tile: A 16 x 32 int8 (row), B 32 x 8 int8 (column), int32 sums. Lane
 // (g, t) holds a = {row g, k 4t..4t+3; row g+8, same k; row g, k 16+4t..; row g+8, same}, b = {k 4t..4t+3,
 // k 16+4t..; column g}, c and d = {row g, columns 2t, 2t+1; row g+8, the same columns}.
@@ -499,9 +510,9 @@ __device__ __forceinline__ void copy_tail(const Window& w, const std::uint8_t* e
 // The producer warp brings one item into a stage: where the chunk's rows are consecutive and whole
 // (launch.contiguous), lane 0 copies them as one window; otherwise lane s copies the slice of the chunk's row
 // s into slot s. `offsets[s]`: where row s's slice begins in the stage (the copy engine moves whole 16-byte
-// units: the units before and after it belong to the tensor too). The bytes a copying lane adds itself are
-// read only after the consumers' first barrier that follows. The stage's `full` barrier expects every unit
-// before any copy is issued.
+// units: the units before and after it belong to the tensor too). The offsets and the bytes a copying lane adds
+// itself reach the consumers with the stage's `full` barrier: the lanes' stores, the warp's __syncwarp, then
+// lane 0's arrival, which releases them. That barrier expects every unit before any copy is issued.
 template <class Epilogue>
 __device__ void fetch_item(const Int8Launch& launch, const Epilogue& epilogue, int chunk, int slice,
                            std::uint8_t* stage, std::uint32_t* offsets, std::uint64_t* full, int lane) {
@@ -552,8 +563,8 @@ __device__ void fetch_item(const Int8Launch& launch, const Epilogue& epilogue, i
 
 // Quantizes x (times the norm weight) into `q` and returns this lane's share of sum x^2 (the raw x, for the
 // norm). Lane l of a warp takes values 4l .. 4l + 3 of a stretch of 128 (a float4), so lanes 8b .. 8b + 7 hold
-// 32-value block b of it; the warps take stretches WARPS apart, BATCH of them loaded before any is used (one
-// memory round trip for x's 8192 values, not 32).
+// 32-value block b of it; the consumer warps take stretches CONSUMERS apart, BATCH of them loaded before any is
+// used (one memory round trip for x's 8192 values, not 32).
 constexpr int X_BATCH = 4;
 
 __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int warp, int lane) {
@@ -561,17 +572,17 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
     const float4* g = reinterpret_cast<const float4*>(launch.norm_weight);
     const int n_quads = launch.in_features / 4;  // whole blocks: a multiple of 8
     float squares = 0.0f;
-    for (int base = warp * WARP_SIZE; base < n_quads; base += WARPS * WARP_SIZE * X_BATCH) {
+    for (int base = warp * WARP_SIZE; base < n_quads; base += CONSUMERS * WARP_SIZE * X_BATCH) {
         float4 raw[X_BATCH], weight[X_BATCH];
 #pragma unroll
         for (int b = 0; b < X_BATCH; ++b) {
-            const int quad = base + b * WARPS * WARP_SIZE + lane;
+            const int quad = base + b * CONSUMERS * WARP_SIZE + lane;
             raw[b] = quad < n_quads ? x[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             weight[b] = g != nullptr && quad < n_quads ? g[quad] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         }
 #pragma unroll
         for (int b = 0; b < X_BATCH; ++b) {
-            const int quad = base + b * WARPS * WARP_SIZE + lane;
+            const int quad = base + b * CONSUMERS * WARP_SIZE + lane;
             const float4 v = raw[b];
             squares += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
             const float value[4] = {v.x * weight[b].x, v.y * weight[b].y, v.z * weight[b].z, v.w * weight[b].w};
@@ -697,7 +708,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
     extern __shared__ __align__(128) std::uint8_t shared[];
     __shared__ std::uint64_t full[MAX_STAGES], empty[MAX_STAGES];
     __shared__ std::uint32_t offsets[MAX_STAGES][MAX_SLOTS];
-    __shared__ float warp_squares[WARPS];
+    __shared__ float warp_squares[CONSUMERS];
     __shared__ float warp_sums[2][CONSUMERS][MAX_SLOTS];  // two sets: a chunk's are read while the next's are written
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -710,7 +721,6 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
                    offsets[stage], &full[stage], lane);
     };
 
-    // W does not depend on the previous kernel: the first items are on their way before the wait.
     if (warp == PRODUCER) {
         if (lane == 0) {
             for (int s = 0; s < launch.stages; ++s) {
@@ -719,7 +729,17 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
             }
         }
         __syncwarp();
+        announce_barriers();
+        // W does not depend on the previous kernel: the first items are on their way before the wait.
         for (int item = 0; item < min(launch.stages, my_items); ++item) fetch(item);
+        wait_for_previous_kernel();
+        allow_next_kernel();
+        // Each later item into its stage as soon as the consumers are done with it.
+        for (int item = launch.stages; item < my_items; ++item) {
+            wait_arrival(&empty[item % launch.stages], (item / launch.stages - 1) % 2);
+            fetch(item);
+        }
+        return;
     }
     wait_for_previous_kernel();
     allow_next_kernel();
@@ -727,21 +747,13 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
     const QuantizedX q = QuantizedX::in(shared + launch.stages * stage_bytes, launch.in_features);
     const float squares = warp_sum(quantize_x(launch, q, warp, lane));
     if (lane == 0) warp_squares[warp] = squares;
-    __syncthreads();  // x is in; also orders the barriers' initialization before any wait on them
-
-    if (warp == PRODUCER) {  // each later item into its stage as soon as the consumers are done with it
-        for (int item = launch.stages; item < my_items; ++item) {
-            wait_arrival(&empty[item % launch.stages], (item / launch.stages - 1) % 2);
-            fetch(item);
-        }
-        return;
-    }
+    wait_for_x_and_barriers();
 
     float inv_rms = 1.0f;
     if (launch.norm_weight != nullptr) {
         float total = 0.0f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) total += warp_squares[w];
+        for (int w = 0; w < CONSUMERS; ++w) total += warp_squares[w];
         inv_rms = 1.0f / sqrtf(total / float(launch.in_features) + launch.eps);
     }
     const int g = lane / 4, t = lane % 4;
@@ -869,12 +881,14 @@ int shared_limit() {
 
 std::size_t align_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-// Where this kernel streams a product's weights faster than gemv.cu's: measured from DRAM on the H200
-// (docs/PERFORMANCE.md, session 11), it does for the output heads (151936 and 128256 rows) and Llama-3.2-1B's
-// gate|up (2 x 8192 rows), not for Qwen2.5-0.5B's gate|up (2 x 4864) or the smaller products, where one memory
-// round trip per warp (gemv.cu) beats a pipeline that has too few chunks to fill: products of PREFERRED_ROWS
-// rows or more. A Q6_K gate|up is the exception (25.9 against 19.8 us at 2048-value rows): two MMAs a block.
-constexpr int PREFERRED_ROWS = 16384;
+// Where this kernel streams a product's weights faster than gemv.cu's: where each SM's block has enough of them
+// to fill its pipeline, PREFERRED_VALUES_PER_SM weights or more. Measured in a decode layer's chain on the H200
+// (docs/PERFORMANCE.md, session 24), it wins at 127K an SM (Llama-3.2-1B's ffn_down, 8192 x 2048: 8.1 against
+// 12.1 us in Q4_0) and above (1B's gate|up, 254K; the output heads, 1M), and loses at 66K (Qwen2.5-0.5B's
+// gate|up, 2 x 4864 x 896: 6.7 against 5.5 us) and below (1B's q|k|v, 48K; attn_output, 32K), where one memory
+// round trip per warp (gemv.cu) beats a pipeline of one or two items a block. A Q6_K gate|up is the exception
+// (25.9 against 19.8 us at 2048-value rows, session 11): two MMAs a block.
+constexpr double PREFERRED_VALUES_PER_SM = 96 * 1024;
 template <bool ADD_RESIDUAL>
 bool prefers_format(const StoreRows<1, ADD_RESIDUAL>&) {
     return true;
@@ -963,7 +977,8 @@ bool gemv_int8_takes(const Epilogue& epilogue, int in_features) {
 
 template <class Epilogue>
 bool gemv_int8_prefers(const Epilogue& epilogue, int in_features) {
-    return epilogue.n_groups * Epilogue::ROWS >= PREFERRED_ROWS && prefers_format(epilogue) &&
+    const double values = double(epilogue.n_groups) * Epilogue::ROWS * in_features;
+    return values >= PREFERRED_VALUES_PER_SM * sm_count() && prefers_format(epilogue) &&
            gemv_int8_takes(epilogue, in_features);
 }
 
