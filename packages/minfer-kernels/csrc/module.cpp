@@ -174,7 +174,9 @@ void bind_runtime(nb::module_& m) {
         .def(nb::init<bool>(), "timing"_a = true)
         .def(
             "record", [](minfer::Event& self, std::uintptr_t stream) { self.record(as_stream(stream)); },
-            "stream"_a = 0, "Record the event: it completes when the work enqueued before it on `stream` has.")
+            "stream"_a = 0,
+            "Record the event: it completes when the work enqueued before it on `stream` has. Inside a capture it "
+            "is a node of the graph, recorded by each replay.")
         .def(
             "synchronize",
             [](minfer::Event& self) {

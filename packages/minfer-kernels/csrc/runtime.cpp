@@ -287,7 +287,14 @@ Event::~Event() {
     if (event_ != nullptr) cudaEventDestroy(event_);
 }
 
-void Event::record(cudaStream_t stream) { check(cudaEventRecord(event_, stream), "cudaEventRecord"); }
+// Inside a capture a plain record only marks a point for another stream to fork from, and the graph holds no
+// node for it; recorded as external it becomes a node, recorded again by each replay, so events timed around a
+// captured span time it in every replay (the runtime's op timer). The cost: such an event cannot fork or join
+// another stream inside the capture, which nothing here does.
+void Event::record(cudaStream_t stream) {
+    const unsigned int flags = is_capturing(stream) ? cudaEventRecordExternal : cudaEventRecordDefault;
+    check(cudaEventRecordWithFlags(event_, stream, flags), "cudaEventRecordWithFlags");
+}
 
 void Event::synchronize() {
     refuse_inside_capture("Event.synchronize");

@@ -75,6 +75,34 @@ def test_replaying_a_captured_chain_equals_direct_launches(rng, stream):
     assert np.array_equal(block.result(), direct_second)
 
 
+def test_events_recorded_inside_a_capture_time_each_replay(rng, stream):
+    """The runtime's op timer (MINFER_OP_TIMING=1) brackets each node of a captured decode step with events."""
+    block = Block(rng, stream)
+    block.x.copy_from_host(randn(rng, D), stream.handle)
+    marks = [mk.Event() for _ in range(3)]
+    mk.begin_capture(stream.handle)
+    marks[0].record(stream.handle)
+    block.enqueue()
+    marks[1].record(stream.handle)
+    block.enqueue()
+    marks[2].record(stream.handle)
+    graph = mk.end_capture(stream.handle)
+    assert graph.node_count == 13  # two blocks of 5 kernels, 3 event records
+
+    graph.launch(stream.handle)
+    stream.synchronize()
+    first = [marks[i].elapsed_ms(marks[i + 1]) for i in range(2)]
+    between = mk.Event()
+    between.record(stream.handle)  # outside the capture: a plain record, after the first replay
+    graph.launch(stream.handle)
+    stream.synchronize()
+    second = [marks[i].elapsed_ms(marks[i + 1]) for i in range(2)]
+    assert all(0.0 < ms < 1000.0 for ms in first + second), (first, second)
+    # The second replay recorded the marks again: its first mark is later than `between`.
+    assert between.elapsed_ms(marks[0]) >= 0.0
+    assert between.elapsed_ms(marks[2]) > 0.0
+
+
 def test_a_captured_decode_step_stays_valid_as_the_sequence_grows(rng, stream):
     n_heads, n_kv_heads, head_dim, n_ctx, n_splits = 14, 2, 64, 512, 8
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim

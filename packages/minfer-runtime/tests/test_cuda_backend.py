@@ -260,15 +260,37 @@ def test_auto_picks_cuda_and_reports_the_device(synthetic_model):
     assert engine.info.backend == "cuda" and "sm_" in engine.info.device
 
 
-def test_op_timing_table_lists_every_op(synthetic_model, monkeypatch):
+def test_op_timing_tables_time_the_prompt_and_the_replayed_decode_step(synthetic_model, monkeypatch):
+    path = synthetic_model(SPECS["qwen2"], "Q4_0", 1)
+    plain = "".join(minfer.load(path, backend="cuda", ctx_size=512).generate("timing", max_tokens=8, sampling=GREEDY))
     monkeypatch.setenv("MINFER_OP_TIMING", "1")
+    engine = minfer.load(path, backend="cuda", ctx_size=512)
+    assert "".join(engine.generate("timing", max_tokens=8, sampling=GREEDY)) == plain
+    prompt, decode = engine.backend.op_timing_report().split("\n\n")
+    assert prompt.startswith("per-op GPU time, prompt: 1 run")
+    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu_f32", "add_bias"):
+        assert f"| {op} |" in prompt
+    # 7 decode steps: the two warm-up runs untimed, then the five replays of the timed graph.
+    assert decode.startswith("per-op GPU time, decode step: 5 runs")
+    for op in ("gemv_qkv_rope_store", "attention"):
+        assert f"| {op} |" in decode
+    compiled = engine.program(1).compiled
+    assert compiled.cuda_graph is None  # the timed graph replays instead of the step's own
+    nodes = len(compiled.graph.nodes)
+    assert compiled.timed_graph.node_count >= 2 * nodes + 1  # a kernel or more a node, an event after each
+    total_row = decode.splitlines()[-1].split(" | ")
+    assert total_row[1] == str(5 * nodes) and float(total_row[2]) > 0.0
+
+
+def test_op_timing_of_a_decode_step_without_replay_is_its_own_table(synthetic_model, monkeypatch):
+    monkeypatch.setenv("MINFER_OP_TIMING", "1")
+    monkeypatch.setenv("MINFER_NO_CUDA_GRAPH", "1")
     engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
     list(engine.generate("timing", max_tokens=4, sampling=GREEDY))
-    report = engine.backend.op_timing_report()
-    assert report is not None
-    for op in ("matmul", "attention", "rms_norm", "rope", "kv_store", "swiglu_f32", "add_bias", "gemv_qkv_rope_store"):
-        assert f"| {op} |" in report
-    assert engine.program(1).compiled.cuda_graph is None  # timed runs are never captured
+    prompt, eager = engine.backend.op_timing_report().split("\n\n")
+    assert prompt.startswith("per-op GPU time, prompt: 1 run")
+    assert eager.startswith("per-op GPU time, decode step without replay: 3 runs")  # no warm-up: nothing is captured
+    assert engine.program(1).compiled.timed_graph is None
 
 
 def test_weight_registry_reuses_same_size_and_retires_replaced_buffers():

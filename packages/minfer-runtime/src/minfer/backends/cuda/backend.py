@@ -9,7 +9,7 @@ mode, nothing synchronizes inside the window); later runs replay it with one lau
 and the KV length are device data written before each run, so one decode graph serves every step. Prompt
 graphs always launch node by node: their kernels run long enough to hide every launch, and a capture
 would only add its instantiation to a prompt that is rarely repeated. MINFER_NO_CUDA_GRAPH=1 turns replay
-off; MINFER_OP_TIMING=1 times every node with events (and also runs node by node).
+off; MINFER_OP_TIMING=1 times every node with events (timing.py), a replayed step in a graph of its own.
 """
 
 from __future__ import annotations
@@ -72,8 +72,11 @@ class CudaCompiledGraph(CompiledGraph):
         self.runs = 0
         tokens = graph.inputs.get("tokens")
         decode = tokens is not None and tokens.shape[0] == 1  # only one-token graphs are replayed
+        self.decode = decode
         self.replays = decode and not env_flag("MINFER_NO_CUDA_GRAPH")
         self.cuda_graph: mk.CudaGraph | None = None
+        self.timed_graph: mk.CudaGraph | None = None  # the step with an event after each node (MINFER_OP_TIMING=1)
+        self.timed_marks: list[mk.Event] = []
         self.greedy_graph: mk.CudaGraph | None = None  # the step, its argmax and greedy_advance (greedy_steps)
         self.greedy_picks = allocate(4 * self.GREEDY_CAPACITY, "the greedy picks")
         self.greedy_step = allocate(4, "the greedy step counter")
@@ -113,7 +116,7 @@ class CudaCompiledGraph(CompiledGraph):
             self.backend.staging.upload(self.inputs[name], value)
         stream = self.stream
         if self.backend.timer is not None:
-            self.launch_timed()
+            self.run_timed()
         elif self.cuda_graph is not None:
             self.cuda_graph.launch(stream)
         elif self.replays and self.runs >= self.WARMUP_RUNS:
@@ -133,16 +136,39 @@ class CudaCompiledGraph(CompiledGraph):
             for launch in launches:
                 launch()
 
-    def launch_timed(self) -> None:
+    def run_timed(self) -> None:
+        """A run under MINFER_OP_TIMING=1. A step that replays is timed as it runs, in a graph: its warm-up runs
+        go untimed, then one capture of the launches with an event after each node is replayed for every step.
+        Any other run (a prompt, a step with replay off) launches node by node between the events."""
         stream = self.stream
-        events = [mk.Event() for _ in range(len(self.launches) + 1)]
-        events[0].record(stream)
-        for index, launches in enumerate(self.launches):
+        if self.replays and self.runs < self.WARMUP_RUNS:
+            self.launch_all()
+            return
+        if self.replays:
+            if self.timed_graph is None:
+                self.timed_marks = [mk.Event() for _ in range(len(self.launches) + 1)]
+                mk.begin_capture(stream)
+                try:
+                    self.launch_marked(self.timed_marks)
+                finally:
+                    graph = mk.end_capture(stream)
+                self.timed_graph = graph
+            self.timed_graph.launch(stream)
+            kind, marks = "decode step", self.timed_marks
+        else:
+            marks = [mk.Event() for _ in range(len(self.launches) + 1)]
+            self.launch_marked(marks)
+            kind = "decode step without replay" if self.decode else "prompt"
+        mk.sync(stream)
+        self.backend.timer.measure(kind, [node.op.value for node in self.graph.nodes], marks)
+
+    def launch_marked(self, marks: list[mk.Event]) -> None:
+        """Every node's launches, marks[0] recorded before them and marks[i + 1] after node i's."""
+        marks[0].record(self.stream)
+        for launches, mark in zip(self.launches, marks[1:], strict=True):
             for launch in launches:
                 launch()
-            events[index + 1].record(stream)
-        mk.sync(stream)
-        self.backend.timer.measure([node.op.value for node in self.graph.nodes], events)
+            mark.record(self.stream)
 
     def read(self, tensor: Tensor) -> np.ndarray:
         return self.backend.readback.read(self.storage(tensor), tensor.nbytes, np.dtype(np.float32), tensor.shape)
@@ -221,6 +247,7 @@ class CudaCompiledGraph(CompiledGraph):
         """Give the scratch buffers back to the pool (the captured graph that used them goes first)."""
         self.cuda_graph = None
         self.greedy_graph = None
+        self.timed_graph = None
         self.backend.pool.release(self.slots)
         self.slots = []
 
@@ -285,4 +312,4 @@ class CudaBackend(Backend):
         return CudaCompiledGraph(self, graph, plan)
 
     def op_timing_report(self) -> str | None:
-        return self.timer.table() if self.timer is not None and self.timer.steps else None
+        return self.timer.table() if self.timer is not None and self.timer.runs else None

@@ -1,10 +1,20 @@
-"""Per-op timing (MINFER_OP_TIMING=1): CUDA events around every node of the runs that are not replays."""
+"""Per-op timing (MINFER_OP_TIMING=1): CUDA events between the nodes of a run, one table per kind of run.
+
+A replayed decode step is timed inside a graph of its own: the step's launches with an event recorded after
+each node, captured once and replayed for every timed step, so the nodes run back to back as in the replayed
+step and each row is GPU time. Launched node by node from the host instead (a prompt, or a decode step with
+MINFER_NO_CUDA_GRAPH=1), a short node's row also holds the host's time to issue the next launch. Neither form
+overlaps a node with the next one's start as programmatic dependent launch does, so a table's total runs a
+little above the step's time in `minfer bench`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import minfer_kernels as mk
+if TYPE_CHECKING:
+    import minfer_kernels as mk
 
 
 @dataclass
@@ -14,31 +24,47 @@ class OpTotals:
 
 
 @dataclass
+class RunTotals:
+    """GPU time per op over the runs of one kind."""
+
+    runs: int = 0
+    ops: dict[str, OpTotals] = field(default_factory=dict)
+
+
+@dataclass
 class OpTimer:
-    """Accumulates GPU time per op across executions; `table()` renders it."""
+    """Accumulates GPU time per op across runs, by kind of run; `table()` renders one table a kind."""
 
-    totals: dict[str, OpTotals] = field(default_factory=dict)
-    steps: int = 0
+    kinds: dict[str, RunTotals] = field(default_factory=dict)
 
-    def add(self, op: str, milliseconds: float) -> None:
-        entry = self.totals.setdefault(op, OpTotals())
-        entry.nodes += 1
-        entry.milliseconds += milliseconds
+    @property
+    def runs(self) -> int:
+        return sum(totals.runs for totals in self.kinds.values())
 
-    def measure(self, ops: list[str], events: list[mk.Event]) -> None:
-        """After a run: events[i] and events[i + 1] bracket node i (the stream must be synchronized)."""
+    def measure(self, kind: str, ops: list[str], events: list[mk.Event]) -> None:
+        """After a run of `kind`: events[i] and events[i + 1] bracket node i (the stream must be synchronized)."""
+        totals = self.kinds.setdefault(kind, RunTotals())
         for index, op in enumerate(ops):
-            self.add(op, events[index].elapsed_ms(events[index + 1]))
-        self.steps += 1
+            entry = totals.ops.setdefault(op, OpTotals())
+            entry.nodes += 1
+            entry.milliseconds += events[index].elapsed_ms(events[index + 1])
+        totals.runs += 1
 
     def table(self) -> str:
-        total = sum(t.milliseconds for t in self.totals.values()) or 1.0
+        return "\n\n".join(self.kind_table(kind, totals) for kind, totals in self.kinds.items())
+
+    @staticmethod
+    def kind_table(kind: str, totals: RunTotals) -> str:
+        total = sum(t.milliseconds for t in totals.ops.values())
+        share = total or 1.0
         lines = [
-            f"per-op GPU time over {self.steps} executions (MINFER_OP_TIMING=1)",
-            "| op | nodes | total ms | % of step |",
-            "| --- | ---: | ---: | ---: |",
+            f"per-op GPU time, {kind}: {totals.runs} run{'s' if totals.runs != 1 else ''} (MINFER_OP_TIMING=1)",
+            "| op | nodes | total ms | µs a run | % of run |",
+            "| --- | ---: | ---: | ---: | ---: |",
         ]
-        for op, t in sorted(self.totals.items(), key=lambda item: -item[1].milliseconds):
-            lines.append(f"| {op} | {t.nodes} | {t.milliseconds:.3f} | {100 * t.milliseconds / total:.1f} |")
-        lines.append(f"| total | {sum(t.nodes for t in self.totals.values())} | {total:.3f} | 100.0 |")
+        for op, t in sorted(totals.ops.items(), key=lambda item: -item[1].milliseconds):
+            per_run, percent = 1000 * t.milliseconds / totals.runs, 100 * t.milliseconds / share
+            lines.append(f"| {op} | {t.nodes} | {t.milliseconds:.3f} | {per_run:.1f} | {percent:.1f} |")
+        nodes = sum(t.nodes for t in totals.ops.values())
+        lines.append(f"| total | {nodes} | {total:.3f} | {1000 * total / totals.runs:.1f} | 100.0 |")
         return "\n".join(lines)
