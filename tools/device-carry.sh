@@ -1,28 +1,67 @@
 #!/usr/bin/env bash
 # What a GPU session carries to the device machine, which reaches no network and takes 64 MiB a call (the working
-# tree, ~8 MB, included). The default model alone is 98 MB, so it travels xz-compressed (92 MB) and cut in two, over
-# two calls of one warm machine; a machine idle for 30 s is given back, and with it what the first call left there.
+# tree, ~8 MB, included). The real models are larger than that (the default model 98 MB, Gemma 3 270M 253 MB), so
+# they travel xz-compressed and cut into parts, over several calls of one warm machine; a machine idle for 30 s is
+# given back, and with it what the earlier calls left there.
 #
 #   tools/device-carry.sh pack   here: fills .device/ (ignored): the Python wheels the machine lacks (.whl/, as
 #                                ../shared/tools/fetch-device-wheels would, plus llguidance's manylinux_2_31 wheel),
 #                                llama.cpp's source without what its build does not read (llama-src.tar.xz, from
-#                                .reference/, which `nox -s tests` fills), the default model's two parts
-#                                (model.xz.part.a: 39 MB, model.xz.part.b: the rest); prints each call's carry
-#   tools/device-carry.sh keep   there, first call: copies the wheels and part a to /tmp/keep, unpacks llama.cpp and
-#                                starts building llama-bench and llama-quantize in the background into
-#                                /tmp/llama-build (bin/ when done; log /tmp/llama-build.log)
-#   tools/device-carry.sh join   there, second call: joins part a (from /tmp/keep) and the carried part b into
-#                                $MINFER_HOME/models (sha256 checked), and puts the wheels back in .whl/ if the call
-#                                did not carry them
+#                                .reference/, which `nox -s tests` fills), and each real model found here (the
+#                                default model, and Gemma 3 270M where `minfer pull gemma3` or `nox -s tests` put it
+#                                in minfer's cache) as xz parts (MODEL.xz.K, with MODEL.xz.sums: the part count and
+#                                the model's sha256), cut so that each call's carry fills CALL_BYTES; prints each
+#                                call's carry
+#   tools/device-carry.sh keep   there, every call: copies what the call carried (wheels, parts) to /tmp/keep; the
+#                                call that carries llama.cpp's source unpacks it and starts building llama-bench and
+#                                llama-quantize in the background into /tmp/llama-build (bin/ when done; log
+#                                /tmp/llama-build.log)
+#   tools/device-carry.sh join   there, after keep: each model whose parts are all in /tmp/keep joined into
+#                                $MINFER_HOME/models (sha256 checked), the wheels put back in .whl/ if the call did
+#                                not carry them; a model still missing parts is named, not an error
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 DEVICE=.device
 KEEP=/tmp/keep
-MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
-MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 LLAMA_SOURCE=.reference/llama-cpp-python-0.3.36-llama.cpp
-PART_A_BYTES=39000000  # part a + the wheels (~11 MB) + llama.cpp's source (~8 MB) + the tree fit one call
+CALL_BYTES=${CALL_BYTES:-54000000}  # a call's carry beside the tree (~8 MB), under the device's 64 MiB
+
+# carry_plan: fills CALLS (one line of paths a call) with the wheels, llama.cpp's source and each model's parts,
+# every call up to CALL_BYTES.
+CALLS=()
+room=0
+add_to_plan() {  # add_to_plan PATH BYTES: into the current call, or a new one where it does not fit
+    if [ ${#CALLS[@]} -eq 0 ] || [ "$2" -gt "$room" ]; then
+        CALLS+=("")
+        room=$CALL_BYTES
+    fi
+    CALLS[-1]="${CALLS[-1]} $1"
+    room=$((room - $2))
+}
+
+# pack_model NAME FILE: FILE (a real model) xz-compressed into parts that fill the plan's calls.
+pack_model() {
+    local name=$1 file=$2 packed="$DEVICE/$(basename "$2").xz"
+    rm -f "$packed".*
+    xz -T0 -6 -c "$file" > "$packed" || return 1
+    local size offset=0 part=0 take
+    size=$(stat -c %s "$packed")
+    while [ "$offset" -lt "$size" ]; do
+        if [ "$room" -lt 1000000 ] || [ ${#CALLS[@]} -eq 0 ]; then CALLS+=(""); room=$CALL_BYTES; fi
+        take=$((size - offset < room ? size - offset : room))
+        dd if="$packed" of="$packed.$part" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$take" \
+            status=none || return 1
+        [ "$part" -eq 0 ] && CALLS[-1]="${CALLS[-1]} $packed.sums"
+        CALLS[-1]="${CALLS[-1]} $packed.$part"
+        room=$((room - take))
+        offset=$((offset + take))
+        part=$((part + 1))
+    done
+    printf '%s %s\n' "$part" "$(sha256sum "$file" | cut -d' ' -f1)" > "$packed.sums"
+    rm "$packed"
+    echo "device-carry: $name in $part parts ($size bytes compressed)"
+}
 
 pack() {
     mkdir -p "$DEVICE" || return 1
@@ -43,44 +82,72 @@ pack() {
     done
     tar -cJf "$DEVICE/llama-src.tar.xz" -C "$(dirname "$LLAMA_SOURCE")" "${excluded[@]}" "$(basename "$LLAMA_SOURCE")" \
         || return 1
-    local model
-    model=$("${PYTHON:-python3}" -c "from minfer.model_store import resolve_model; print(resolve_model('smollm2'))") || {
-        echo "device-carry: the default model is not installed here (nox -s run installs it)" >&2
-        return 1
-    }
-    xz -T0 -1 -c "$model" > "$DEVICE/model.xz" || return 1
-    head -c "$PART_A_BYTES" "$DEVICE/model.xz" > "$DEVICE/model.xz.part.a"
-    tail -c +"$((PART_A_BYTES + 1))" "$DEVICE/model.xz" > "$DEVICE/model.xz.part.b"
-    rm "$DEVICE/model.xz"
-    du -b .whl "$DEVICE"/llama-src.tar.xz "$DEVICE"/model.xz.part.*
-    echo "device-carry: call 1 carry [\".whl\", \"$DEVICE/llama-src.tar.xz\", \"$DEVICE/model.xz.part.a\"]," \
-        "command starting: tools/device-carry.sh keep &&"
-    echo "device-carry: call 2 carry [\"$DEVICE/model.xz.part.b\"], command starting: tools/device-carry.sh join &&"
+    add_to_plan .whl "$(du -sb .whl | cut -f1)"
+    add_to_plan "$DEVICE/llama-src.tar.xz" "$(stat -c %s "$DEVICE/llama-src.tar.xz")"
+    local name file
+    for name in smollm2 gemma3; do
+        file=$("${PYTHON:-python3}" -c "from minfer.model_store import resolve_model; print(resolve_model('$name'))" \
+            2>/dev/null) || {
+            echo "device-carry: $name is not installed here (nox -s run installs the default model, minfer pull" \
+                "gemma3 the other): not packed" >&2
+            continue
+        }
+        pack_model "$name" "$file" || return 1
+    done
+    local call=1 paths
+    for paths in "${CALLS[@]}"; do
+        # shellcheck disable=SC2086 # a call's paths, one word each
+        echo "device-carry: call $call carry [$(printf '"%s", ' $paths | sed 's/, $//')]"
+        call=$((call + 1))
+    done
+    echo "device-carry: every call's command starts with tools/device-carry.sh keep &&; after the last part of a" \
+        "model, tools/device-carry.sh join && puts it in \$MINFER_HOME/models"
 }
 
 keep() {
-    mkdir -p "$KEEP" && rm -rf "$KEEP/whl" && cp -r .whl "$KEEP/whl" && cp "$DEVICE/model.xz.part.a" "$KEEP/" || return 1
-    mkdir -p /tmp/llama-src && tar -xf "$DEVICE/llama-src.tar.xz" -C /tmp/llama-src --strip-components=1 || return 1
-    # Niced, and on 6 of the 16 cores: minfer's build and tests run beside it.
-    setsid nohup bash -c 'cmake -S /tmp/llama-src -B /tmp/llama-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DGGML_NATIVE=OFF && nice ninja -C /tmp/llama-build -j 6 llama-bench llama-quantize' \
-        > /tmp/llama-build.log 2>&1 < /dev/null &
-    echo "device-carry: kept in $KEEP; llama.cpp building into /tmp/llama-build (log /tmp/llama-build.log)"
+    mkdir -p "$KEEP" || return 1
+    if [ -d .whl ]; then rm -rf "$KEEP/whl" && cp -r .whl "$KEEP/whl" || return 1; fi
+    compgen -G "$DEVICE/*.xz.*" >/dev/null && { cp "$DEVICE"/*.xz.* "$KEEP/" || return 1; }
+    if [ -f "$DEVICE/llama-src.tar.xz" ] && [ ! -d /tmp/llama-src ]; then
+        mkdir -p /tmp/llama-src && tar -xf "$DEVICE/llama-src.tar.xz" -C /tmp/llama-src --strip-components=1 || return 1
+        # Niced, and on 6 of the 16 cores: minfer's build and tests run beside it.
+        setsid nohup bash -c 'cmake -S /tmp/llama-src -B /tmp/llama-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DGGML_NATIVE=OFF && nice ninja -C /tmp/llama-build -j 6 llama-bench llama-quantize' \
+            > /tmp/llama-build.log 2>&1 < /dev/null &
+        echo "device-carry: llama.cpp building into /tmp/llama-build (log /tmp/llama-build.log)"
+    fi
+    echo "device-carry: kept in $KEEP: $(cd "$KEEP" && ls | tr '\n' ' ')"
 }
 
 join() {
     local models=${MINFER_HOME:?set MINFER_HOME}/models
     mkdir -p "$models" || return 1
-    [ -d .whl ] || cp -r "$KEEP/whl" .whl || return 1
-    cat "$KEEP/model.xz.part.a" "$DEVICE/model.xz.part.b" | xz -d > "$models/$MODEL.tmp" || return 1
-    if [ "$(sha256sum "$models/$MODEL.tmp" | cut -d' ' -f1)" != "$MODEL_SHA256" ]; then
-        echo "device-carry: the joined $MODEL does not have its sha256" >&2
-        rm -f "$models/$MODEL.tmp"
-        return 1
-    fi
-    mv "$models/$MODEL.tmp" "$models/$MODEL" && echo "device-carry: $models/$MODEL"
+    [ -d .whl ] || [ ! -d "$KEEP/whl" ] || cp -r "$KEEP/whl" .whl || return 1
+    local sums target parts sha part missing
+    for sums in "$KEEP"/*.xz.sums; do
+        [ -f "$sums" ] || continue
+        target=$(basename "$sums" .xz.sums)
+        [ -f "$models/$target" ] && continue
+        read -r parts sha < "$sums"
+        missing=()
+        for ((part = 0; part < parts; part++)); do
+            [ -f "$KEEP/$target.xz.$part" ] || missing+=("$part")
+        done
+        if [ ${#missing[@]} -gt 0 ]; then
+            echo "device-carry: $target waits for parts ${missing[*]} of $parts"
+            continue
+        fi
+        for ((part = 0; part < parts; part++)); do cat "$KEEP/$target.xz.$part"; done | xz -d > "$models/$target.tmp" \
+            || return 1
+        if [ "$(sha256sum "$models/$target.tmp" | cut -d' ' -f1)" != "$sha" ]; then
+            echo "device-carry: the joined $target does not have its sha256" >&2
+            rm -f "$models/$target.tmp"
+            return 1
+        fi
+        mv "$models/$target.tmp" "$models/$target" && echo "device-carry: $models/$target"
+    done
 }
 
 case "${1:-}" in

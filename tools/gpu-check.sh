@@ -11,7 +11,8 @@
 #      a bench table
 #   7. the tutorial's toys and try-it commands (docs/tutorial/toys/run-on-gpu.sh), each toy checking its output
 #
-# Logs: $OUT when the device tool runs this, else $MINFER_GPU_CHECK_LOGS, else build/gpu-check.
+# Logs: $MINFER_GPU_CHECK_LOGS, else build/gpu-check; when the device tool runs this ($OUT set), which brings back at
+# most 8 files, /tmp/gpu-check-logs, and $OUT gets summary.txt and every log in gpu-check-logs.tar.gz.
 # Knobs: MINFER_CUDA_ARCHS (default native), PYTHON (default python3), MINFER_TEST_WORKERS (pytest-xdist processes
 # of the test steps, default 4, used where xdist is installed), MINFER_TEST_TIMEOUT and
 # MINFER_MEMCHECK_TIMEOUT (seconds per pass), MINFER_MEMCHECK_SELECT (pytest -m expression of the memcheck pass),
@@ -26,7 +27,11 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-LOGS=${OUT:-${MINFER_GPU_CHECK_LOGS:-build/gpu-check}}
+LOGS=${MINFER_GPU_CHECK_LOGS:-build/gpu-check}
+if [ -n "${OUT:-}" ]; then
+    LOGS=/tmp/gpu-check-logs
+    rm -rf "$LOGS"
+fi
 mkdir -p "$LOGS"
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -64,17 +69,7 @@ run_step() {
 }
 
 print_summary() {
-    {
-        echo
-        echo "=== gpu-check summary"
-        printf '%s\n' "${SUMMARY[@]}"
-        for log in tests.log memcheck.log runtime-cuda.log run-memcheck.log; do
-            if [ -f "$LOGS/$log" ]; then
-                echo "--- $log"
-                grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s|ERROR SUMMARY|^FAIL  shard" \
-                    "$LOGS/$log" || true
-            fi
-        done
+    {  # the tables first, the steps and the test counts last: a caller that keeps only the output's tail keeps these
         for log in "$LOGS"/bench.log "$LOGS"/bench-*.log; do
             if [ -f "$log" ]; then
                 echo "--- $(basename "$log")"
@@ -85,8 +80,21 @@ print_summary() {
             echo "--- op-timing.log"
             grep -E "^\||per-op" "$LOGS/op-timing.log" | tail -20
         fi
+        echo
+        echo "=== gpu-check summary"
+        printf '%s\n' "${SUMMARY[@]}"
+        for log in tests.log memcheck.log runtime-cuda.log run-memcheck.log; do
+            if [ -f "$LOGS/$log" ]; then
+                echo "--- $log"
+                grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s|ERROR SUMMARY|^FAIL  shard" \
+                    "$LOGS/$log" || true
+            fi
+        done
         if [ "$STATUS" -eq 0 ]; then echo "gpu-check: OK"; else echo "gpu-check: FAILED"; fi
     } | tee "$LOGS/summary.txt"
+    if [ -n "${OUT:-}" ]; then
+        cp "$LOGS/summary.txt" "$OUT/" && tar -czf "$OUT/gpu-check-logs.tar.gz" -C "$LOGS" .
+    fi
 }
 
 echo "=== machine"
