@@ -27,16 +27,17 @@ KEEP=/tmp/keep
 LLAMA_SOURCE=.reference/llama-cpp-python-0.3.36-llama.cpp
 CALL_BYTES=${CALL_BYTES:-54000000}  # a call's carry beside the tree (~8 MB), under the device's 64 MiB
 
-# carry_plan: fills CALLS (one line of paths a call) with the wheels, llama.cpp's source and each model's parts,
-# every call up to CALL_BYTES.
+# The plan: CALLS holds each call's carry (paths, space-separated), every call up to CALL_BYTES; `room` is what the
+# last call has left.
 CALLS=()
 room=0
-add_to_plan() {  # add_to_plan PATH BYTES: into the current call, or a new one where it does not fit
-    if [ ${#CALLS[@]} -eq 0 ] || [ "$2" -gt "$room" ]; then
-        CALLS+=("")
-        room=$CALL_BYTES
-    fi
-    CALLS[-1]="${CALLS[-1]} $1"
+new_call() {
+    CALLS+=("")
+    room=$CALL_BYTES
+}
+add_to_plan() {  # add_to_plan PATH BYTES: into the last call, or a new one where it does not fit
+    if [ ${#CALLS[@]} -eq 0 ] || [ "$2" -gt "$room" ]; then new_call; fi
+    CALLS[-1]+=" $1"
     room=$((room - $2))
 }
 
@@ -48,13 +49,12 @@ pack_model() {
     local size offset=0 part=0 take
     size=$(stat -c %s "$packed")
     while [ "$offset" -lt "$size" ]; do
-        if [ "$room" -lt 1000000 ] || [ ${#CALLS[@]} -eq 0 ]; then CALLS+=(""); room=$CALL_BYTES; fi
-        take=$((size - offset < room ? size - offset : room))
+        if [ ${#CALLS[@]} -eq 0 ] || [ "$room" -lt 1000000 ]; then new_call; fi
+        take=$((size - offset < room ? size - offset : room))  # the part fills what the call has left
         dd if="$packed" of="$packed.$part" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$take" \
             status=none || return 1
-        [ "$part" -eq 0 ] && CALLS[-1]="${CALLS[-1]} $packed.sums"
-        CALLS[-1]="${CALLS[-1]} $packed.$part"
-        room=$((room - take))
+        [ "$part" -eq 0 ] && add_to_plan "$packed.sums" 0
+        add_to_plan "$packed.$part" "$take"
         offset=$((offset + take))
         part=$((part + 1))
     done
