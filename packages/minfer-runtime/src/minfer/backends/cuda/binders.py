@@ -128,10 +128,20 @@ def slice_f32(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
-def swiglu_f32(b: Binding, node: Node) -> list[Launch]:
+def gated(b: Binding, node: Node, kernel: Callable[..., None]) -> list[Launch]:
+    """The launch of a gated elementwise kernel (swiglu_f32, geglu_f32: one signature, the activation differs),
+    in place into the gate."""
     rows, d = node.output.shape
-    gate = b.ptr(node.output)  # in place into the gate
-    return launch(b, mk.kernels.swiglu_f32, gate=gate, up=b.ptr(node.inputs[1]), out=gate, rows=rows, d=d, in_stride=d)
+    gate = b.ptr(node.output)
+    return launch(b, kernel, gate=gate, up=b.ptr(node.inputs[1]), out=gate, rows=rows, d=d, in_stride=d)
+
+
+def swiglu_f32(b: Binding, node: Node) -> list[Launch]:
+    return gated(b, node, mk.kernels.swiglu_f32)
+
+
+def geglu_f32(b: Binding, node: Node) -> list[Launch]:
+    return gated(b, node, mk.kernels.geglu_f32)
 
 
 def add_bias_f32(b: Binding, node: Node) -> list[Launch]:
@@ -248,13 +258,22 @@ def gemm_group(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
-def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
+def gemm_gated(b: Binding, node: Node, kernel: Callable[..., None]) -> list[Launch]:
+    """The launch of a prompt's gated GEMM (gemm_swiglu, gemm_geglu: one signature, the activation differs)."""
     x, gate = node.inputs[:2]
     return launch(
-        b, mk.kernels.gemm_swiglu, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
+        b, kernel, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
         in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0], workspace=b.workspace,
         workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
+
+
+def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
+    return gemm_gated(b, node, mk.kernels.gemm_swiglu)
+
+
+def gemm_geglu(b: Binding, node: Node) -> list[Launch]:
+    return gemm_gated(b, node, mk.kernels.gemm_geglu)
 
 
 def gemv(b: Binding, node: Node) -> list[Launch]:
@@ -382,7 +401,7 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int, weight_type: 
             partials.append(
                 mk.kernels.gemm_workspace_bytes(type_, *out_features, x.shape[1], x.shape[0], multiprocessors)
             )
-        elif node.op is FusedOp.GEMM_SWIGLU:
+        elif node.op in (FusedOp.GEMM_SWIGLU, FusedOp.GEMM_GEGLU):
             x, gate = node.inputs[:2]
             partials.append(
                 mk.kernels.gemm_swiglu_workspace_bytes(weight_type(gate.name), *gate.shape[::-1], x.shape[0])
@@ -432,8 +451,10 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
     FusedOp.SWIGLU_F32: swiglu_f32,
+    FusedOp.GEGLU_F32: geglu_f32,
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
     FusedOp.GEMM: gemm,
     FusedOp.GEMM_GROUP: gemm_group,
     FusedOp.GEMM_SWIGLU: gemm_swiglu,
+    FusedOp.GEMM_GEGLU: gemm_geglu,
 }
