@@ -45,8 +45,9 @@
 // drained, and the tiles have their first step's weights in flight before they wait for x.
 //
 // Epilogues. y = residual + (sum + bias) as the whole sum is stored (gemm_sum_splits's store with split K).
-// Paired (launch_gemm_swiglu), the W tile holds gate and up rows in turns of 8 (tile_feature), so that a
-// thread's accumulators hold both sums of its features, and the store is h = silu(gate) * up.
+// Paired (launch_gemm_swiglu, launch_gemm_geglu), the W tile holds gate and up rows in turns of 8 (tile_feature),
+// so that a thread's accumulators hold both sums of its features, and the store is h = act(gate) * up (silu, or
+// the tanh GELU: the launch's GateActivation).
 //
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
 // multiplies with mma.sync.m16n8k16 (f16 or bf16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That
