@@ -265,6 +265,10 @@ void bind_kernels(nb::module_& k) {
     MINFER_LAUNCHER(k, "swiglu_f32", launch_swiglu_f32,
                     "out[r][i] = silu(gate[r*in_stride + i]) * up[r*in_stride + i] for rows x d; rows <= 65535.",
                     "gate"_a, "up"_a, "out"_a, "rows"_a, "d"_a, "in_stride"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "geglu_f32", launch_geglu_f32,
+                    "out[r][i] = gelu_tanh(gate[r*in_stride + i]) * up[r*in_stride + i] (gelu_f32's GELU), otherwise "
+                    "as swiglu_f32.",
+                    "gate"_a, "up"_a, "out"_a, "rows"_a, "d"_a, "in_stride"_a, "stream"_a);
     MINFER_LAUNCHER(k, "add_bias_f32", launch_add_bias_f32, "y[r][i] += bias[i] over [rows][d]; rows <= 65535.",
                     "y"_a, "bias"_a, "rows"_a, "d"_a, "stream"_a);
     MINFER_LAUNCHER(k, "rms_norm_f32", launch_rms_norm_f32,
@@ -315,6 +319,11 @@ void bind_kernels(nb::module_& k) {
                     "gemm's products of x by the gate and up weights (d_ff rows each, one GGML type) in one tile, "
                     "then swiglu_f32 on them: h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f], h [n_tokens][d_ff]; "
                     "K never cut into slices; `workspace`: gemm_swiglu_workspace_bytes(...) bytes, 16-byte aligned.",
+                    "gate"_a, "up"_a, "type"_a, "x"_a, "h"_a, "in_features"_a, "d_ff"_a, "n_tokens"_a, "workspace"_a,
+                    "workspace_bytes"_a, "stream"_a);
+    MINFER_LAUNCHER(k, "gemm_geglu", launch_gemm_geglu,
+                    "h[t][f] = gelu_tanh((x Wgate^T)[t][f]) * (x Wup^T)[t][f] (geglu_f32's GELU), otherwise as "
+                    "gemm_swiglu (its workspace: gemm_swiglu_workspace_bytes(...) bytes).",
                     "gate"_a, "up"_a, "type"_a, "x"_a, "h"_a, "in_features"_a, "d_ff"_a, "n_tokens"_a, "workspace"_a,
                     "workspace_bytes"_a, "stream"_a);
     MINFER_LAUNCHER(k, "gemv", launch_gemv,

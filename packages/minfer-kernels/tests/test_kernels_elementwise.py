@@ -5,6 +5,7 @@ Error bounds (relative to |reference|):
     silu, swiglu      1e-6:  expf (2 ulp) plus a few rounded operations
     gelu, softcap     2e-6 of max(|reference|, 1): tanhf (2 ulp) of a rounded argument; near gelu's zero
                       crossing the error is absolute, the product of the rounding of x and of tanh
+    geglu             gelu's bound times |up|
     add_bias, slice   2^-24 (slice copies: exact)
 """
 
@@ -71,22 +72,35 @@ def test_silu_in_place(rng, stream, n):
     assert_close(from_device(buffer, n, np.float32, stream), silu(x), 1e-6, what="silu")
 
 
+# The gated kernels, each with its activation's float64 reference, that activation's bound and the floor of its
+# scale (the bounds above): out = act(gate) * up is within rtol |up| max(|act(gate)|, floor).
+GATED = [(kernels.swiglu_f32, silu, 1e-6, 0.0), (kernels.geglu_f32, gelu_tanh, 2e-6, 1.0)]
+
+
+def assert_gated(got, gate, up, activation, rtol, floor, what):
+    scale = np.abs(up) * np.maximum(np.abs(activation(gate)), floor)
+    assert_close(got, activation(gate) * up, rtol, scale=scale, what=what)
+
+
 @pytest.mark.parametrize(("rows", "d"), [(1, 4864), (33, 896), (3, 4097), (2, 151936), (7, 1)])
-def test_swiglu_of_separate_buffers(rng, stream, dev, rows, d):
+@pytest.mark.parametrize(("launcher", "activation", "rtol", "floor"), GATED, ids=["swiglu", "geglu"])
+def test_gated_of_separate_buffers(rng, stream, dev, launcher, activation, rtol, floor, rows, d):
     gate, up = randn(rng, rows, d, scale=3.0), randn(rng, rows, d)
     out = poisoned((rows, d), np.float32, stream)
-    kernels.swiglu_f32(dev(gate), dev(up), out.ptr, rows, d, d, stream.handle)
-    assert_close(from_device(out, (rows, d), np.float32, stream), silu(gate) * up, 1e-6, what="swiglu")
+    launcher(dev(gate), dev(up), out.ptr, rows, d, d, stream.handle)
+    got = from_device(out, (rows, d), np.float32, stream)
+    assert_gated(got, gate, up, activation, rtol, floor, launcher.__name__)
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 4864), (33, 33)])
-def test_swiglu_of_a_fused_gate_up_projection(rng, stream, rows, d):
+@pytest.mark.parametrize(("launcher", "activation", "rtol", "floor"), GATED, ids=["swiglu", "geglu"])
+def test_gated_of_a_fused_gate_up_projection(rng, stream, launcher, activation, rtol, floor, rows, d):
     fused = randn(rng, rows, 2 * d, scale=3.0)  # [rows][gate | up], as one matmul with both weights writes
     base = to_device(fused, stream)
     out = poisoned((rows, d), np.float32, stream)
-    kernels.swiglu_f32(base.ptr, base.ptr + 4 * d, out.ptr, rows, d, 2 * d, stream.handle)
-    expected = silu(fused[:, :d]) * fused[:, d:]
-    assert_close(from_device(out, (rows, d), np.float32, stream), expected, 1e-6, what="fused swiglu")
+    launcher(base.ptr, base.ptr + 4 * d, out.ptr, rows, d, 2 * d, stream.handle)
+    got = from_device(out, (rows, d), np.float32, stream)
+    assert_gated(got, fused[:, :d], fused[:, d:], activation, rtol, floor, f"fused {launcher.__name__}")
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 896), (33, 4097), (5, 151936), (4, 1)])

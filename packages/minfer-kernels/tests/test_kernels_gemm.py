@@ -35,6 +35,7 @@ from kernel_testing import (
     SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
+    gelu_tanh,
     poisoned,
     randn,
     random_weights,
@@ -351,18 +352,31 @@ SWIGLU_CASES = [
 ]
 SWIGLU_CASES += [(t, shape) for t in SUPER_BLOCK_TYPES for shape in [(1024, 4864), (256 * 5, 1000)]]
 SWIGLU_CASES += [(t, LARGE_PARTIAL_SHAPE) for t in mk.GGMLType]
+# The prompt's gated GEMMs: the launcher, the elementwise kernel of the same activation, its float64 reference and
+# the largest slope of that activation (silu' < 1.1, the tanh GELU's' < 1.13). The activation is the paired
+# epilogue's alone, so gemm_geglu is checked on a type of each tile path: copied as the operand (F16, BF16),
+# decoded in the tile (Q4_0, Q4_K) and, from 256 tokens, staged.
+GATED = {
+    "swiglu": (kernels.gemm_swiglu, kernels.swiglu_f32, silu, 1.1),
+    "geglu": (kernels.gemm_geglu, kernels.geglu_f32, gelu_tanh, 1.13),
+}
+GEGLU_TYPES = {mk.GGMLType.F16, mk.GGMLType.BF16, mk.GGMLType.Q4_0, mk.GGMLType.Q4_K}
+GATED_CASES = [("swiglu", t, shape) for t, shape in SWIGLU_CASES]
+GATED_CASES += [("geglu", t, shape) for t, shape in SWIGLU_CASES if t in GEGLU_TYPES]
 
 
 @pytest.mark.parametrize("n_tokens", [17, 100, 512])
-@pytest.mark.parametrize(("ggml_type", "shape"), SWIGLU_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
-def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_type, shape, n_tokens):
-    """gemm_swiglu against the float64 SwiGLU of the float64 products, and, where the gate|up group does not cut
-    K (its sums then add up in the same order as gemm_swiglu's), against gemm_group then swiglu_f32 to the bit.
+@pytest.mark.parametrize(("gated", "ggml_type", "shape"), GATED_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
+def test_gemm_gated_is_the_gate_up_group_then_the_activation(rng, stream, dev, gated, ggml_type, shape, n_tokens):
+    """gemm_swiglu (gemm_geglu) against the float64 SwiGLU (GeGLU) of the float64 products, and, where the gate|up
+    group does not cut K (its sums then add up in the same order as the paired tiles'), against gemm_group then
+    swiglu_f32 (geglu_f32) to the bit.
 
     Error bound: the products carry the GEMM's error, at most r sum_i |W[f,i] x[t,i]| (C_gate, C_up; r the
-    elementwise bound, 2^-9 or BF16's 2^-8), and |silu'| < 1.1, so |h - h_ref| <= r (1.1 C_gate |up| +
-    |silu(gate)| C_up + 1.1 r C_gate C_up), the last term the product of the two errors, plus float32 roundings of
-    the SwiGLU itself, a few units of 2^-24 |h| (within the r |h| added to the scale)."""
+    elementwise bound, 2^-9 or BF16's 2^-8), and |act'| < slope, so |h - h_ref| <= r (slope C_gate |up| +
+    |act(gate)| C_up + slope r C_gate C_up), the last term the product of the two errors, plus float32 roundings
+    of the activation itself, a few units of 2^-24 |h| (within the r |h| added to the scale)."""
+    launcher, elementwise, activation, slope = GATED[gated]
     in_features, d_ff = shape
     (gate_raw, gate), (up_raw, up) = (weights(ggml_type, d_ff, in_features, draw) for draw in range(2))
     x = randn(rng, n_tokens, in_features)
@@ -370,26 +384,24 @@ def test_gemm_swiglu_is_the_gate_up_group_then_swiglu(rng, stream, dev, ggml_typ
     h = poisoned((n_tokens, d_ff), np.float32, stream)
     nbytes = kernels.gemm_swiglu_workspace_bytes(ggml_type, in_features, d_ff, n_tokens)
     space = poisoned((nbytes // 4,), np.float32, stream)
-    kernels.gemm_swiglu(
-        gate_ptr, up_ptr, ggml_type, x_ptr, h.ptr, in_features, d_ff, n_tokens, space.ptr, nbytes, stream.handle
-    )
+    launcher(gate_ptr, up_ptr, ggml_type, x_ptr, h.ptr, in_features, d_ff, n_tokens, space.ptr, nbytes, stream.handle)
     got = from_device(h, (n_tokens, d_ff), np.float32, stream)
     x64 = x.astype(np.float64)
     g64, u64 = x64 @ gate.astype(np.float64).T, x64 @ up.astype(np.float64).T
     condition_gate = np.abs(x64) @ np.abs(gate.astype(np.float64)).T
     condition_up = np.abs(x64) @ np.abs(up.astype(np.float64)).T
-    expected = silu(g64) * u64
+    expected = activation(g64) * u64
     rtol = elementwise_rtol(ggml_type)
-    scale = 1.1 * condition_gate * (np.abs(u64) + rtol * condition_up)
-    scale += np.abs(silu(g64)) * condition_up + np.abs(expected)
-    what = f"gemm_swiglu {ggml_type.name} {in_features}->{d_ff} x{n_tokens}"
+    scale = slope * condition_gate * (np.abs(u64) + rtol * condition_up)
+    scale += np.abs(activation(g64)) * condition_up + np.abs(expected)
+    what = f"{launcher.__name__} {ggml_type.name} {in_features}->{d_ff} x{n_tokens}"
     assert_close(got, expected, rtol, scale=scale, what=what)
     if splits((d_ff, d_ff), in_features, n_tokens) == 1:
         gate_out, up_out = run_gemm_group(stream, dev, ggml_type, (gate_raw, up_raw), x, (d_ff, d_ff))
         out = mk.upload(gate_out, stream.handle)
-        kernels.swiglu_f32(out.ptr, dev(up_out), out.ptr, n_tokens, d_ff, d_ff, stream.handle)
+        elementwise(out.ptr, dev(up_out), out.ptr, n_tokens, d_ff, d_ff, stream.handle)
         unfused = from_device(out, (n_tokens, d_ff), np.float32, stream)
-        assert np.array_equal(got, unfused), f"{what}: differs from gemm_group then swiglu_f32"
+        assert np.array_equal(got, unfused), f"{what}: differs from gemm_group then {elementwise.__name__}"
 
 
 def test_gemm_swiglu_refuses_what_it_cannot_compute(stream):
@@ -408,6 +420,11 @@ def test_gemm_swiglu_refuses_what_it_cannot_compute(stream):
         kernels.gemm_swiglu(p, p + 4, mk.GGMLType.F16, p, p, 32, 4, 16, None, 0, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*4-byte aligned"):
         kernels.gemm_swiglu(p + 2, p, mk.GGMLType.Q4_0, p, p, 32, 4, 16, None, 0, h)
+    # gemm_geglu shares the checks; its refusals name it.
+    with pytest.raises(ValueError, match=r"launch_gemm_geglu refused .*multiple of 32"):
+        kernels.gemm_geglu(p, p, mk.GGMLType.F32, p, p, 33, 4, 16, None, 0, h)
+    with pytest.raises(ValueError, match=r"launch_gemm_geglu refused .*workspace must hold"):
+        kernels.gemm_geglu(p, p, mk.GGMLType.Q4_0, p, p, 32, 4, 16, p, 4, h)
     with pytest.raises(ValueError, match=r"launch_gemm_swiglu refused .*must not be null"):
         kernels.gemm_swiglu(p, None, mk.GGMLType.Q4_0, p, p, 32, 4, 16, None, 0, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending

@@ -196,20 +196,28 @@ def test_prompt_graphs_are_never_captured(synthetic_model):
     assert prompt.runs == 4 and prompt.cuda_graph is None
 
 
-def test_a_prompts_projections_of_one_x_are_one_launch(synthetic_model):
-    """q, k and v with their biases are one gemm_group launch; gate and up with their SwiGLU one gemm_swiglu;
-    attn_output and ffn_down one gemm launch each, the residual add in its epilogue."""
-    engine = minfer.load(synthetic_model(SPECS["qwen2"], "Q4_0", 1), backend="cuda", ctx_size=512)
+@pytest.mark.parametrize("spec", ["qwen2", "gemma3"])
+def test_a_prompts_projections_of_one_x_are_one_launch(synthetic_model, spec):
+    """q, k and v (with their biases) are one gemm_group launch; gate and up with their SwiGLU one gemm_swiglu
+    (Gemma's GeGLU: gemm_geglu); Qwen2's attn_output and ffn_down one gemm launch each, the residual add in its
+    epilogue (Gemma's residual adds read the post-block norms instead)."""
+    engine = minfer.load(synthetic_model(SPECS[spec], "Q4_0", 1), backend="cuda", ctx_size=512)
     engine.forward(list(range(3, 3 + PROMPT_TOKENS)), 0)
     prompt = engine.program(PROMPT_TOKENS).compiled
     launches = dict(zip((node.name for node in prompt.graph.nodes), prompt.launches, strict=True))
     kernels = {
-        "attn_q+attn_k+attn_v+attn_q_bias+attn_k_bias+attn_v_bias": mk.kernels.gemm_group,
-        "ffn_gate+ffn_up+ffn_silu+ffn_gated": mk.kernels.gemm_swiglu,
-        "attn_output+attn_residual": mk.kernels.gemm,
-        "ffn_down+ffn_residual": mk.kernels.gemm,
-    }
-    for layer in range(SPECS["qwen2"].n_layers):
+        "qwen2": {
+            "attn_q+attn_k+attn_v+attn_q_bias+attn_k_bias+attn_v_bias": mk.kernels.gemm_group,
+            "ffn_gate+ffn_up+ffn_silu+ffn_gated": mk.kernels.gemm_swiglu,
+            "attn_output+attn_residual": mk.kernels.gemm,
+            "ffn_down+ffn_residual": mk.kernels.gemm,
+        },
+        "gemma3": {
+            "attn_q+attn_k+attn_v": mk.kernels.gemm_group,
+            "ffn_gate+ffn_up+ffn_gelu+ffn_gated": mk.kernels.gemm_geglu,
+        },
+    }[spec]
+    for layer in range(SPECS[spec].n_layers):
         for node, kernel in kernels.items():
             assert [launch.kernel for launch in launches[f"blk.{layer}.{node}"]] == [kernel]
 

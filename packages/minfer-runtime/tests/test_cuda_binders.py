@@ -16,7 +16,7 @@ from minfer.testing.synthetic import scaled
 mk = pytest.importorskip("minfer_kernels", reason="minfer-kernels is not installed (it needs nvcc to build)")
 from minfer.backends.cuda.binders import (  # noqa: E402 (needs minfer_kernels)
     BINDERS,
-    DECODE_ATTENTION_SPLITS,
+    decode_attention_splits,
     graph_workspace_bytes,
 )
 from minfer.backends.cuda.fuse import FusedOp, fuse  # noqa: E402
@@ -33,6 +33,7 @@ class FakeBinding:
     stream = 7
     workspace = 1 << 20
     workspace_bytes = 1 << 24
+    multiprocessors = 132  # an H200's
 
     def __init__(self) -> None:
         self.addresses: dict[str, int] = {}
@@ -94,8 +95,20 @@ def test_a_graphs_workspace_is_the_most_any_of_its_launches_needs():
     )
     assert graph_workspace_bytes(graph.nodes, 132, q8) == staged_down
     decode = fuse(build_graph(config, 1, 1024), q8)
-    needs = mk.kernels.attention_decode_workspace_bytes(heads, head_dim, DECODE_ATTENTION_SPLITS)
+    needs = mk.kernels.attention_decode_workspace_bytes(heads, head_dim, decode_attention_splits(2, 132))
     assert graph_workspace_bytes(decode.nodes, 132, q8) == needs
+
+
+def test_decode_attention_is_cut_into_about_a_block_an_sm():
+    """splits x KV heads near the SMs, in powers of two: Qwen2.5-0.5B's 2 KV heads keep step 19's 64 splits on an
+    H200, Llama-3.2-1B's and Qwen3-0.6B's 8 take 16, Gemma 3 270M's one 128; never past the kernel's 256."""
+    assert [decode_attention_splits(kv, 132) for kv in (1, 2, 4, 8, 16, 64, 200)] == [128, 64, 32, 16, 8, 2, 1]
+    assert decode_attention_splits(1, 1000) == 256 and decode_attention_splits(3, 132) == 32
+    config = scaled("llama3.2-1b", n_layers=1).config()
+    decode = fuse(build_graph(config, 1, 4096), every_weight(mk.GGMLType.Q8_0))
+    node = next(n for n in decode.nodes if n.op is Op.ATTENTION)
+    (launch,) = BINDERS[node.op](FakeBinding(), node)
+    assert launch.kernel is mk.kernels.attention_decode_f32 and launch.args["n_splits"] == 16
 
 
 def test_a_prompts_attention_splits_on_the_caches_rows_into_the_graphs_workspace():

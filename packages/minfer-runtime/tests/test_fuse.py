@@ -183,6 +183,22 @@ def test_a_post_block_norm_is_added_into_the_residual_in_one_kernel():
         assert norm_add.output.name == "blk.0.attn_residual"
 
 
+def test_a_prompts_gelu_gate_joins_the_gate_up_group_as_one_gemm_geglu():
+    """Gemma 3's GeGLU as the SwiGLU above: gelu and mul one geglu_f32 node, which the gate|up group takes in as
+    its epilogue (gemm_geglu); below the GEMM's tokens it stays geglu_f32 after the two matmuls."""
+    n_layers = PRESETS["tiny-gemma3"].n_layers
+    graph = lowered("tiny-gemma3", 20)
+    geglus = [node for node in graph.nodes if node.op is FusedOp.GEMM_GEGLU]
+    assert len(geglus) == n_layers
+    assert geglus[0].params["args"] == ("x", "gate", "up")
+    assert [t.name for t in geglus[0].inputs[1:]] == ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]
+    ops = [node.op for node in graph.nodes]
+    assert not {Op.GELU, Op.MUL, FusedOp.GEGLU_F32, FusedOp.GEMM_SWIGLU} & set(ops)
+    short = [node.op for node in lowered("tiny-gemma3", 8).nodes]
+    assert short.count(FusedOp.GEGLU_F32) == n_layers and FusedOp.GEMM_GEGLU not in short
+    assert not {Op.GELU, Op.MUL} & set(short)
+
+
 def test_a_swiglu_without_a_gate_up_group_stays_swiglu_f32():
     """Gate and up of two types (no group), Phi's fused gate|up weight (one product, sliced) and fewer tokens
     than the GEMM takes keep swiglu_f32; Gemma 3's GELU gate is no SwiGLU."""
@@ -281,6 +297,10 @@ class FusedCpuGraph(CpuCompiledGraph):
     def swiglu_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = out / (1 + np.exp(-out)) * ins[1]  # out holds the gate
 
+    def geglu_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        OPS[Op.GELU](self, node, [out], out)  # out holds the gate
+        out *= ins[1]
+
     def rms_norm_add_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         x, weight, _ = ins
         normed = np.empty_like(x)
@@ -295,11 +315,17 @@ class FusedCpuGraph(CpuCompiledGraph):
         else:
             out[...] = product
 
-    def gemm_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+    def gemm_gated(self, node: Node, ins: list[np.ndarray], out: np.ndarray, activation: Op) -> None:
         parts = dict(zip(node.params["args"], ins, strict=True))
         out[...] = parts["x"] @ parts["gate"].T
-        OPS[Op.SILU](self, node, [out], out)
+        OPS[activation](self, node, [out], out)
         out *= parts["x"] @ parts["up"].T
+
+    def gemm_swiglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        self.gemm_gated(node, ins, out, Op.SILU)
+
+    def gemm_geglu(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        self.gemm_gated(node, ins, out, Op.GELU)
 
     def gemm_group(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         parts = dict(zip(node.params["args"], ins, strict=True))
@@ -334,7 +360,8 @@ def fused_ops(monkeypatch):
     ("preset", "weight_type", "n_tokens"),
     [("tiny-llama", "Q8_0", 1), ("tiny-qwen2", "Q4_0", 1), ("tiny-qwen2", "Q4_K_M", 1), ("tiny-llama", "F16", 20),
      ("tiny-qwen2", "Q8_0", 20),
-     ("tiny-qwen3", "Q8_0", 1), ("tiny-qwen3", "Q4_K_M", 1), ("tiny-gemma3", "Q4_0", 1)],
+     ("tiny-qwen3", "Q8_0", 1), ("tiny-qwen3", "Q4_K_M", 1), ("tiny-gemma3", "Q4_0", 1), ("tiny-gemma3", "Q8_0", 20),
+     ("tiny-gemma3", "F16", 8)],
 )  # fmt: skip
 def test_the_lowered_graph_computes_what_the_models_graph_does(synthetic_model, fused_ops, preset, weight_type,
                                                                n_tokens):  # fmt: skip

@@ -64,6 +64,26 @@ __device__ __forceinline__ float gelu_tanh(float v) {
     return 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
 }
 
+// The activation of a gated FFN's gate: SwiGLU's silu, GeGLU's tanh GELU (Gemma). Every gated kernel (the
+// elementwise one, the one-token products, the prompt's GEMM) applies it through `activate`.
+enum class GateActivation { SILU, GELU_TANH };
+
+template <GateActivation ACTIVATION>
+__device__ __forceinline__ float activate(float gate) {
+    if constexpr (ACTIVATION == GateActivation::SILU) {
+        return silu(gate);
+    } else {
+        return gelu_tanh(gate);
+    }
+}
+
+// The same, the activation chosen per launch (a kernel argument: one instantiation serves both, and the branch
+// is uniform over the grid).
+__device__ __forceinline__ float activate(GateActivation activation, float gate) {
+    return activation == GateActivation::SILU ? activate<GateActivation::SILU>(gate)
+                                              : activate<GateActivation::GELU_TANH>(gate);
+}
+
 // Programmatic dependent launch (Hopper, sm_90+). A decode step is ~120 short kernels in a row, and
 // between two of them the GPU drains one grid before it starts the next: a few microseconds each, a
 // large part of a step. A kernel launched with launch_overlapped may start while the kernel before it

@@ -63,15 +63,26 @@ __global__ void slice_f32(const float* x, float* out, int width, int in_stride, 
     out[std::size_t(row) * width + i] = x[std::size_t(row) * in_stride + start + i];
 }
 
-// out[r][i] = silu(gate[r][i]) * up[r][i], the gated FFN activation. gate and up rows are `in_stride`
-// floats apart, so one kernel serves two separate [rows][d] buffers (in_stride = d) and one fused
-// gate|up projection output [rows][2d] (gate = base, up = base + d, in_stride = 2d).
-__global__ void swiglu_f32(const float* gate, const float* up, float* out, int d, int in_stride) {
+// out[r][i] = act(gate[r][i]) * up[r][i], the gated FFN activation (swiglu_f32: silu, geglu_f32: the tanh
+// GELU). gate and up rows are `in_stride` floats apart, so one kernel serves two separate [rows][d] buffers
+// (in_stride = d) and one fused gate|up projection output [rows][2d] (gate = base, up = base + d, in_stride =
+// 2d).
+template <GateActivation ACTIVATION>
+__global__ void gated_f32(const float* gate, const float* up, float* out, int d, int in_stride) {
     const int row = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= d) return;
     const std::size_t in = std::size_t(row) * in_stride + i;
-    out[std::size_t(row) * d + i] = silu(gate[in]) * up[in];
+    out[std::size_t(row) * d + i] = activate<ACTIVATION>(gate[in]) * up[in];
+}
+
+template <GateActivation ACTIVATION>
+cudaError_t launch_gated(const float* gate, const float* up, float* out, int rows, int d, int in_stride,
+                         cudaStream_t stream) {
+    // grid.x: ceil(d / 256) column blocks of a row; grid.y: the row (token), so rows <= 65535.
+    const dim3 grid(ceil_div(d, BLOCK), rows);
+    gated_f32<ACTIVATION><<<grid, BLOCK, 0, stream>>>(gate, up, out, d, in_stride);
+    return cudaGetLastError();
 }
 
 // y[r][i] += bias[i]: every row (token) adds the same vector, which stays hot in L2 across blocks.
@@ -136,10 +147,12 @@ extern "C" cudaError_t launch_slice_f32(const float* x, float* out, int rows, in
 
 extern "C" cudaError_t launch_swiglu_f32(const float* gate, const float* up, float* out, int rows, int d,
                                          int in_stride, cudaStream_t stream) {
-    // grid.x: ceil(d / 256) column blocks of a row; grid.y: the row (token), so rows <= 65535.
-    const dim3 grid(ceil_div(d, BLOCK), rows);
-    swiglu_f32<<<grid, BLOCK, 0, stream>>>(gate, up, out, d, in_stride);
-    return cudaGetLastError();
+    return launch_gated<GateActivation::SILU>(gate, up, out, rows, d, in_stride, stream);
+}
+
+extern "C" cudaError_t launch_geglu_f32(const float* gate, const float* up, float* out, int rows, int d,
+                                        int in_stride, cudaStream_t stream) {
+    return launch_gated<GateActivation::GELU_TANH>(gate, up, out, rows, d, in_stride, stream);
 }
 
 extern "C" cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cudaStream_t stream) {

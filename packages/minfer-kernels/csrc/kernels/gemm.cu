@@ -45,8 +45,9 @@
 // drained, and the tiles have their first step's weights in flight before they wait for x.
 //
 // Epilogues. y = residual + (sum + bias) as the whole sum is stored (gemm_sum_splits's store with split K).
-// Paired (launch_gemm_swiglu), the W tile holds gate and up rows in turns of 8 (tile_feature), so that a
-// thread's accumulators hold both sums of its features, and the store is h = silu(gate) * up.
+// Paired (launch_gemm_swiglu, launch_gemm_geglu), the W tile holds gate and up rows in turns of 8 (tile_feature),
+// so that a thread's accumulators hold both sums of its features, and the store is h = act(gate) * up (silu, or
+// the tanh GELU: the launch's GateActivation).
 //
 // Each warp owns a WARP_M x WARP_N piece of the block tile, made of 16 x 8 accumulator fragments, and
 // multiplies with mma.sync.m16n8k16 (f16 or bf16 in, float32 accumulate) fed by ldmatrix (mma.cuh). That
@@ -1092,6 +1093,7 @@ struct GemmParts {
     float* y[MAX_GEMM_PARTS];
     float* partial[MAX_GEMM_PARTS];
     const float* residual;  // [n_tokens][out_features] of part 0, the only part; may be y itself; nullptr: none
+    GateActivation activation;  // paired: the gate's
     int out_features[MAX_GEMM_PARTS];
     int first_tile[MAX_GEMM_PARTS];
     int first_column[MAX_GEMM_PARTS];
@@ -1165,8 +1167,8 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
                                                      warp_column);
 
     if constexpr (PAIRED) {
-        // h = silu(gate) * up, silu as swiglu_f32 computes it (common.cuh). Fragment j (even) and j + 1 hold the
-        // gate and up sums of the features (warp_column + 8 j) / 2 + 2 (lane % 4) + e % 2 of the tile.
+        // h = act(gate) * up, act as swiglu_f32 or geglu_f32 computes it (common.cuh). Fragment j (even) and
+        // j + 1 hold the gate and up sums of the features (warp_column + 8 j) / 2 + 2 (lane % 4) + e % 2 of the tile.
         float* h = parts.y[0];
 #pragma unroll
         for (int i = 0; i < Tiles::FRAGS_M; ++i)
@@ -1177,7 +1179,8 @@ __global__ void __launch_bounds__(Tiles::THREADS, Tiles::MIN_BLOCKS_PER_SM)
                     const int token = first_token + warp_row + 16 * i + lane / 4 + 8 * (e / 2);
                     const int feature = first_row + (warp_column + 8 * j) / 2 + 2 * (lane % 4) + e % 2;
                     if (token < n_tokens && feature < out_features)
-                        h[std::size_t(token) * out_features + feature] = silu(acc[i][j][e]) * acc[i][j + 1][e];
+                        h[std::size_t(token) * out_features + feature] =
+                            activate(parts.activation, acc[i][j][e]) * acc[i][j + 1][e];
                 }
     } else {
         // One slice: y itself, through the epilogue. Several: this slice's [n_tokens][out_features] of the
@@ -1291,6 +1294,7 @@ struct Products {
     int n_tokens;
     void* workspace;  // x rounded, the slices' partial sums, the staged weights (workspace_bytes)
     long long workspace_bytes;
+    GateActivation activation = GateActivation::SILU;  // paired: the gate's (launch_gemm_swiglu, launch_gemm_geglu)
 };
 
 // Tiles of output features of the parts as Tiles cut them, part p's after part p - 1's.
@@ -1400,6 +1404,7 @@ template <class Tiles, class Format, bool PAIRED>
 cudaError_t launch_tiles(const Products& p, int splits, cudaStream_t stream) {
     GemmParts parts{};
     parts.residual = p.residual;
+    parts.activation = p.activation;
     int tiles = 0;
     int columns = 0;
     auto* rounded_x = static_cast<std::uint16_t*>(p.workspace);
@@ -1635,11 +1640,13 @@ extern "C" cudaError_t launch_gemm(const void* weight, int type, const float* x,
                            stream);
 }
 
-extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h,
-                                          int in_features, int d_ff, int n_tokens, void* workspace,
-                                          long long workspace_bytes, cudaStream_t stream) {
-    // One part of d_ff features whose rows are the gate's and the up's (the kernel's PAIRED tiles); never split:
-    // the epilogue needs both whole sums.
+namespace {
+
+// gemm_swiglu and gemm_geglu: one part of d_ff features whose rows are the gate's and the up's (the kernel's
+// PAIRED tiles); never split: the epilogue needs both whole sums.
+cudaError_t launch_gated(GateActivation activation, const void* gate, const void* up, int type, const float* x,
+                         float* h, int in_features, int d_ff, int n_tokens, void* workspace, long long workspace_bytes,
+                         cudaStream_t stream) {
     const Products paired{{gate, up, nullptr},
                           {nullptr, nullptr, nullptr},
                           {h, nullptr, nullptr},
@@ -1650,11 +1657,28 @@ extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int 
                           in_features,
                           n_tokens,
                           workspace,
-                          workspace_bytes};
+                          workspace_bytes,
+                          activation};
     if (const cudaError_t refused = refuse_products(paired); refused != cudaSuccess) return refused;
     if (gate == nullptr || up == nullptr || h == nullptr) return minfer_refuse("gate, up and h must not be null");
     if (const cudaError_t refused = refuse_workspace<true>(paired, 1); refused != cudaSuccess) return refused;
     int multiprocessors = 0;
     if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
     return launch_type<true>(paired, multiprocessors, 1, stream);
+}
+
+}  // namespace
+
+extern "C" cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h,
+                                          int in_features, int d_ff, int n_tokens, void* workspace,
+                                          long long workspace_bytes, cudaStream_t stream) {
+    return launch_gated(GateActivation::SILU, gate, up, type, x, h, in_features, d_ff, n_tokens, workspace,
+                        workspace_bytes, stream);
+}
+
+extern "C" cudaError_t launch_gemm_geglu(const void* gate, const void* up, int type, const float* x, float* h,
+                                         int in_features, int d_ff, int n_tokens, void* workspace,
+                                         long long workspace_bytes, cudaStream_t stream) {
+    return launch_gated(GateActivation::GELU_TANH, gate, up, type, x, h, in_features, d_ff, n_tokens, workspace,
+                        workspace_bytes, stream);
 }

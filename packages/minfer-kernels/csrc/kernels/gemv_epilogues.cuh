@@ -70,9 +70,6 @@ struct StoreRows {
     }
 };
 
-// The activation of a gated FFN's gate: SwiGLU's silu, GeGLU's tanh GELU (Gemma; common.cuh has both).
-enum class GateActivation { SILU, GELU_TANH };
-
 // out[i] = act(gate_i) * up_i, from row i of the gate weight and row i of the up weight (one type,
 // checked at launch): gemv_swiglu (act silu) and gemv_geglu (act the tanh GELU). A group takes OUTPUTS
 // consecutive outputs: their gate rows, then their up rows (two outputs per warp keep the 4864 warps of
@@ -98,14 +95,7 @@ struct GemvGated {
 #pragma unroll
         for (int o = 0; o < OUTPUTS; ++o) {
             const int output = group * OUTPUTS + o;
-            if (output < gate.n_rows) out[output] = activate(sums[o]) * sums[OUTPUTS + o];
-        }
-    }
-    __device__ static float activate(float gate_sum) {
-        if constexpr (ACTIVATION == GateActivation::SILU) {
-            return silu(gate_sum);
-        } else {
-            return gelu_tanh(gate_sum);
+            if (output < gate.n_rows) out[output] = activate<ACTIVATION>(sums[o]) * sums[OUTPUTS + o];
         }
     }
 };

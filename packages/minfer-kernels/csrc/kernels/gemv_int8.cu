@@ -582,6 +582,8 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
         }
 #pragma unroll
         for (int b = 0; b < X_BATCH; ++b) {
+            // A stretch past x's end holds no block: the warp leaves (at 2048 values, three of its four stretches).
+            if (base + b * CONSUMERS * WARP_SIZE >= n_quads) break;
             const int quad = base + b * CONSUMERS * WARP_SIZE + lane;
             const float4 v = raw[b];
             squares += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);

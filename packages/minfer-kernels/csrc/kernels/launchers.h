@@ -31,6 +31,8 @@ cudaError_t launch_slice_f32(const float* x, float* out, int rows, int width, in
                              cudaStream_t stream);
 cudaError_t launch_swiglu_f32(const float* gate, const float* up, float* out, int rows, int d, int in_stride,
                               cudaStream_t stream);
+cudaError_t launch_geglu_f32(const float* gate, const float* up, float* out, int rows, int d, int in_stride,
+                             cudaStream_t stream);
 cudaError_t launch_add_bias_f32(float* y, const float* bias, int rows, int d, cudaStream_t stream);
 
 // norm.cu
@@ -89,11 +91,14 @@ cudaError_t launch_gemm_group(const void* weight_0, const float* bias_0, float* 
 // h[t][f] = silu((x Wgate^T)[t][f]) * (x Wup^T)[t][f] over [n_tokens][d_ff], gate and up of one GGML type (d_ff
 // rows each), silu as swiglu_f32's: gemm's products, both in one tile, and swiglu_f32 on them; never split, so its
 // workspace (gemm_swiglu_workspace_bytes(...) bytes, 16-byte aligned) holds the rounded x and, where gemm's would,
-// the gate's and up's rows decoded to f16.
+// the gate's and up's rows decoded to f16. gemm_geglu is the same with geglu_f32's tanh GELU for silu (Gemma),
+// and the same workspace.
 long long gemm_swiglu_workspace_bytes(int type, int in_features, int d_ff, int n_tokens);
 cudaError_t launch_gemm_swiglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
                                int d_ff, int n_tokens, void* workspace, long long workspace_bytes,
                                cudaStream_t stream);
+cudaError_t launch_gemm_geglu(const void* gate, const void* up, int type, const float* x, float* h, int in_features,
+                              int d_ff, int n_tokens, void* workspace, long long workspace_bytes, cudaStream_t stream);
 
 // gemv.cu: one token. norm_weight may be nullptr (x used as is), as may residual and the biases. The
 // parts of the fused projections are separate weights; Q, K and V may each have their own type. gemv_swiglu

@@ -30,6 +30,7 @@ gelu_f32 = _kernels.gelu_f32
 softcap_f32 = _kernels.softcap_f32
 slice_f32 = _kernels.slice_f32
 swiglu_f32 = _kernels.swiglu_f32
+geglu_f32 = _kernels.geglu_f32
 add_bias_f32 = _kernels.add_bias_f32
 rms_norm_f32 = _kernels.rms_norm_f32
 rms_norm_add_f32 = _kernels.rms_norm_add_f32
@@ -46,6 +47,7 @@ gemm = _kernels.gemm
 gemm_group = _kernels.gemm_group
 gemm_splits = _kernels.gemm_splits
 gemm_swiglu = _kernels.gemm_swiglu
+gemm_geglu = _kernels.gemm_geglu
 gemm_swiglu_workspace_bytes = _kernels.gemm_swiglu_workspace_bytes
 gemm_workspace_bytes = _kernels.gemm_workspace_bytes
 kv_store_f32 = _kernels.kv_store_f32
@@ -74,8 +76,10 @@ __all__ = [
     "attention_prefill_splits",
     "attention_prefill_workspace_bytes",
     "embed_rows",
+    "geglu_f32",
     "gelu_f32",
     "gemm",
+    "gemm_geglu",
     "gemm_group",
     "gemm_splits",
     "gemm_swiglu",

@@ -58,6 +58,7 @@ class CudaCompiledGraph(CompiledGraph):
         self.graph = graph
         self.plan = plan
         self.stream = backend.stream
+        self.multiprocessors = backend.multiprocessors
         for name, values in graph.constants.items():
             backend.weights.register(name, values)  # the registry owns them, like the file's weights
         self.slots = [backend.pool.acquire(n, f"scratch buffer {i}") for i, n in enumerate(plan.slot_nbytes)]

@@ -14,6 +14,7 @@ compiled graph has staged that input there first when the buffer plan could not 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,11 +24,7 @@ from minfer.backends.cuda.fuse import GEMM_GROUP_PARTS, FusedOp, WeightType, mat
 from minfer.errors import BackendError
 from minfer.graph.ir import Node, Op, Tensor
 
-# Cache splits of decode attention, fixed so a captured graph stays valid (a short cache leaves most empty:
-# a split is at least 32 rows). Each block loads its split in one round trip and the last one merges, so
-# fewer splits mean more rows per block and more splits a longer merge; at depth 2048 on the H200, 64
-# splits gave 1343 tok/s against 1191 (16), 1273 (32) and 1232 (128): docs/PERFORMANCE.md, step 19.
-DECODE_ATTENTION_SPLITS = 64
+MAX_DECODE_SPLITS = 256  # attention_decode_f32's limit
 MAX_HEAD_DIM = 256  # the attention and rope kernels' head sizes: multiples of 32 up to this
 
 
@@ -48,6 +45,7 @@ class Binding(Protocol):
     stream: int
     workspace: int  # the graph's one workspace (graph_workspace_bytes), its address and size
     workspace_bytes: int
+    multiprocessors: int  # the GPU's SMs, which some grids are sized for
 
     def ptr(self, tensor: Tensor) -> int: ...
 
@@ -128,10 +126,20 @@ def slice_f32(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
-def swiglu_f32(b: Binding, node: Node) -> list[Launch]:
+def gated(b: Binding, node: Node, kernel: Callable[..., None]) -> list[Launch]:
+    """The launch of a gated elementwise kernel (swiglu_f32, geglu_f32: one signature, the activation differs),
+    in place into the gate."""
     rows, d = node.output.shape
-    gate = b.ptr(node.output)  # in place into the gate
-    return launch(b, mk.kernels.swiglu_f32, gate=gate, up=b.ptr(node.inputs[1]), out=gate, rows=rows, d=d, in_stride=d)
+    gate = b.ptr(node.output)
+    return launch(b, kernel, gate=gate, up=b.ptr(node.inputs[1]), out=gate, rows=rows, d=d, in_stride=d)
+
+
+def swiglu_f32(b: Binding, node: Node) -> list[Launch]:
+    return gated(b, node, mk.kernels.swiglu_f32)
+
+
+def geglu_f32(b: Binding, node: Node) -> list[Launch]:
+    return gated(b, node, mk.kernels.geglu_f32)
 
 
 def add_bias_f32(b: Binding, node: Node) -> list[Launch]:
@@ -248,13 +256,22 @@ def gemm_group(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
-def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
+def gemm_gated(b: Binding, node: Node, kernel: Callable[..., None]) -> list[Launch]:
+    """The launch of a prompt's gated GEMM (gemm_swiglu, gemm_geglu: one signature, the activation differs)."""
     x, gate = node.inputs[:2]
     return launch(
-        b, mk.kernels.gemm_swiglu, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
+        b, kernel, **named_inputs(b, node), type=b.weight_type(gate), h=b.ptr(node.output),
         in_features=gate.shape[1], d_ff=gate.shape[0], n_tokens=x.shape[0], workspace=b.workspace,
         workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
+
+
+def gemm_swiglu(b: Binding, node: Node) -> list[Launch]:
+    return gemm_gated(b, node, mk.kernels.gemm_swiglu)
+
+
+def gemm_geglu(b: Binding, node: Node) -> list[Launch]:
+    return gemm_gated(b, node, mk.kernels.gemm_geglu)
 
 
 def gemv(b: Binding, node: Node) -> list[Launch]:
@@ -337,12 +354,23 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     if q.shape[0] == 1:
         return launch(
             b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.workspace,
-            n_splits=DECODE_ATTENTION_SPLITS,
+            n_splits=decode_attention_splits(p["n_kv_heads"], b.multiprocessors),
         )  # fmt: skip
     return launch(
         b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0],
         max_rows=cache_k.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
     )  # fmt: skip
+
+
+def decode_attention_splits(n_kv_heads: int, multiprocessors: int) -> int:
+    """The cache splits of a decode attention launch: the power of two nearest multiprocessors / n_kv_heads, so
+    its grid (splits x KV heads) is about one block an SM; at most MAX_DECODE_SPLITS. Fixed for a graph, so a
+    captured one serves every depth (a short cache leaves most splits empty: a split is at least 32 rows). Each
+    block loads its split in one round trip and the last one merges, so fewer splits mean more rows a block and
+    more splits a longer merge: at depth 2048 on the H200 (132 SMs), Qwen2.5-0.5B's 2 KV heads gave 1343 tok/s
+    with 64 splits against 1191 (16), 1273 (32) and 1232 (128) (docs/PERFORMANCE.md, step 19)."""
+    blocks_a_head = max(1.0, multiprocessors / n_kv_heads)
+    return min(MAX_DECODE_SPLITS, 1 << round(math.log2(blocks_a_head)))
 
 
 def prefill_attention_workspace_bytes(node: Node, multiprocessors: int) -> int:
@@ -367,7 +395,9 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int, weight_type: 
     graph's of more tokens and the GEMM one's of GEMM_MIN_TOKENS or more, so no model's graph mixes them; one
     that did is refused."""
     decode = [
-        mk.kernels.attention_decode_workspace_bytes(n.params["n_heads"], n.params["head_dim"], DECODE_ATTENTION_SPLITS)
+        mk.kernels.attention_decode_workspace_bytes(
+            n.params["n_heads"], n.params["head_dim"], decode_attention_splits(n.params["n_kv_heads"], multiprocessors)
+        )
         for n in nodes
         if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1
     ]
@@ -382,7 +412,7 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int, weight_type: 
             partials.append(
                 mk.kernels.gemm_workspace_bytes(type_, *out_features, x.shape[1], x.shape[0], multiprocessors)
             )
-        elif node.op is FusedOp.GEMM_SWIGLU:
+        elif node.op in (FusedOp.GEMM_SWIGLU, FusedOp.GEMM_GEGLU):
             x, gate = node.inputs[:2]
             partials.append(
                 mk.kernels.gemm_swiglu_workspace_bytes(weight_type(gate.name), *gate.shape[::-1], x.shape[0])
@@ -432,8 +462,10 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
     FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
     FusedOp.SWIGLU_F32: swiglu_f32,
+    FusedOp.GEGLU_F32: geglu_f32,
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,
     FusedOp.GEMM: gemm,
     FusedOp.GEMM_GROUP: gemm_group,
     FusedOp.GEMM_SWIGLU: gemm_swiglu,
+    FusedOp.GEMM_GEGLU: gemm_geglu,
 }

@@ -35,10 +35,12 @@ class FusedOp(enum.Enum):
     HEAD_NORM_ROPE = "head_norm_rope_f32"  # one token: rope(rms_norm(q, q_norm)) per head, in place into q, and
     #                                        the same of k (k_norm) in its cache row at positions[0]
     SWIGLU_F32 = "swiglu_f32"  # silu(gate) * up, in place into gate
+    GEGLU_F32 = "geglu_f32"  # gelu(gate) * up, in place into gate
     RMS_NORM_ADD_F32 = "rms_norm_add_f32"  # y + rms_norm(x, g), in place into y (Gemma's post-block norms)
     GEMM = "gemm"  # a prompt's tensor-core matmul(x, W) (+ b) (+ the residual r, in place into r): r + (x W + b)
     GEMM_GROUP = "gemm_group"  # up to GEMM_GROUP_PARTS tensor-core matmuls of one x (+ b_p each), one launch
     GEMM_SWIGLU = "gemm_swiglu"  # a prompt's silu(matmul(x, Wgate)) * matmul(x, Wup), on the tensor cores
+    GEMM_GEGLU = "gemm_geglu"  # a prompt's gelu(matmul(x, Wgate)) * matmul(x, Wup), on the tensor cores
 
 
 # From this many tokens on, a matmul runs the tensor-core GEMM instead of the matmul kernel. Measured on
@@ -66,8 +68,8 @@ def matmul_kernel(node: Node) -> str:
 def fuse(graph: Graph, weight_type: WeightType) -> Graph:
     """`graph` with every group of nodes a rule matches replaced by its fused node, the rules in order."""
     nodes = drop_single_last_row(graph)
-    rules = (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_swiglu, fuse_norm_add, fuse_gemm_groups,
-             fuse_gemm_epilogues, fuse_gemm_swiglu)  # fmt: skip
+    rules = (fuse_qkv_rope_store, fuse_gate_up, fuse_gemv, fuse_gated, fuse_norm_add, fuse_gemm_groups,
+             fuse_gemm_epilogues, fuse_gemm_gated)  # fmt: skip
     for rule in rules:
         rewrite = Rewrite(nodes, {t.name for t in graph.outputs.values()})
         rule(rewrite, weight_type)
@@ -314,12 +316,16 @@ def fuse_gemv(g: Rewrite, weight_type: WeightType) -> None:
             g.replace(members, FusedOp.GEMV, inputs, output, tuple(args), **fields)
 
 
-def fuse_swiglu(g: Rewrite, weight_type: WeightType) -> None:
-    """silu of the gate, times up, in place into the gate: one elementwise kernel."""
-    for silu in g.nodes:
-        mul = g.sole_reader(silu.output, Op.MUL) if silu.op is Op.SILU else None
+ELEMENTWISE_GATED = {Op.SILU: FusedOp.SWIGLU_F32, Op.GELU: FusedOp.GEGLU_F32}  # a gate's activation -> its kernel
+
+
+def fuse_gated(g: Rewrite, weight_type: WeightType) -> None:
+    """silu (or gelu) of the gate, times up, in place into the gate: one elementwise kernel."""
+    for activation in g.nodes:
+        fused = ELEMENTWISE_GATED.get(activation.op)
+        mul = g.sole_reader(activation.output, Op.MUL) if fused is not None else None
         if mul is not None and mul.inplace_input == 0:
-            g.replace([silu, mul], FusedOp.SWIGLU_F32, [silu.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
+            g.replace([activation, mul], fused, [activation.inputs[0], mul.inputs[1]], mul.output, ("gate", "up"),
                       inplace_input=0)  # fmt: skip
 
 
@@ -397,17 +403,20 @@ def fuse_gemm_epilogues(g: Rewrite, weight_type: WeightType) -> None:
             g.replace(members, FusedOp.GEMM, inputs, outputs[0], tuple(args), **fields)
 
 
-def fuse_gemm_swiglu(g: Rewrite, weight_type: WeightType) -> None:
-    """A prompt's gate|up group (two parts, no bias) whose products only swiglu_f32 reads: one gemm_swiglu, whose
-    tiles hold each feature's gate and up rows side by side, so the SwiGLU is its epilogue and neither product
-    is ever stored."""
+GEMM_GATED = {FusedOp.SWIGLU_F32: FusedOp.GEMM_SWIGLU, FusedOp.GEGLU_F32: FusedOp.GEMM_GEGLU}  # kernel -> GEMM's
+
+
+def fuse_gemm_gated(g: Rewrite, weight_type: WeightType) -> None:
+    """A prompt's gate|up group (two parts, no bias) whose products only swiglu_f32 (geglu_f32) reads: one
+    gemm_swiglu (gemm_geglu), whose tiles hold each feature's gate and up rows side by side, so the gated
+    activation is its epilogue and neither product is ever stored."""
     for group in g.nodes:
         if group.op is not FusedOp.GEMM_GROUP or group.params["args"] != ("x", "weight_0", "weight_1"):
             continue
-        swiglu = g.sole_reader(group.outputs[0], FusedOp.SWIGLU_F32)
-        if swiglu is None or g.sole_reader(group.outputs[1], FusedOp.SWIGLU_F32) is not swiglu:
+        gated = next(filter(None, (g.sole_reader(group.outputs[0], op) for op in GEMM_GATED)), None)
+        if gated is None or g.sole_reader(group.outputs[1], gated.op) is not gated:
             continue
         weights = dict(zip((t.name for t in group.outputs), group.inputs[1:], strict=True))
-        gate, up = (weights[t.name] for t in swiglu.inputs)
-        g.replace([group, swiglu], FusedOp.GEMM_SWIGLU, [group.inputs[0], gate, up], swiglu.output,
+        gate, up = (weights[t.name] for t in gated.inputs)
+        g.replace([group, gated], GEMM_GATED[gated.op], [group.inputs[0], gate, up], gated.output,
                   ("x", "gate", "up"))  # fmt: skip
