@@ -57,6 +57,22 @@ PACKAGES="./packages/minfer-runtime"
 # shellcheck disable=SC2086 # PACKAGES is a list of paths
 "$PYTHON" -m pip install -q --no-build-isolation --no-deps $PACKAGES > "$LOGS/build-after.log" 2>&1 \
     || { tail -30 "$LOGS/build-after.log"; exit 1; }
+# The synthetic models that are not there yet are written at once, one process a type (each a single core's numpy
+# for 15-60 s), while REV's packages install. A model is written under a temporary name and renamed when complete,
+# so a run cut short never leaves a partial file that a later run would take for the model.
+WRITERS=()
+if [ -z "${MINFER_AB_MODELS:-}" ]; then
+    mkdir -p /tmp/minfer-bench
+    for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
+        model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
+        MODELS+=("$model")
+        [ -f "$model" ] && continue
+        { "$PYTHON" -m minfer.testing.synthetic "$model.partial" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
+            --weight-type "$weight_type" && mv "$model.partial" "$model"; } > "$LOGS/synthetic-$weight_type.log" 2>&1 &
+        WRITERS+=("$!:$weight_type")
+    done
+fi
+
 # REV's build gets a folder of its own where SKBUILD_BUILD_DIR keeps this tree's (one CMake folder serves one source).
 BEFORE_BUILD=()
 [ -n "${SKBUILD_BUILD_DIR:-}" ] && BEFORE_BUILD=(env "SKBUILD_BUILD_DIR=$SKBUILD_BUILD_DIR-before")
@@ -64,16 +80,9 @@ BEFORE_BUILD=()
 (cd "$BASE" && "${BEFORE_BUILD[@]}" "$PYTHON" -m pip install -q --no-build-isolation --no-deps --upgrade \
     --target /tmp/base-site $PACKAGES) > "$LOGS/build-before.log" 2>&1 || { tail -30 "$LOGS/build-before.log"; exit 1; }
 BEFORE_PATH=/tmp/base-site${PYTHONPATH:+:$PYTHONPATH}
-
-if [ -z "${MINFER_AB_MODELS:-}" ]; then
-    mkdir -p /tmp/minfer-bench
-    for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
-        model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
-        [ -f "$model" ] || "$PYTHON" -m minfer.testing.synthetic "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
-            --weight-type "$weight_type" > /dev/null || exit 1
-        MODELS+=("$model")
-    done
-fi
+for writer in "${WRITERS[@]}"; do
+    wait "${writer%%:*}" || { tail -30 "$LOGS/synthetic-${writer#*:}.log"; exit 1; }
+done
 
 # bench TREE MODEL ROUND: one `minfer bench` of one tree, its result rows tagged with the tree, the round and the
 # model's file name.
