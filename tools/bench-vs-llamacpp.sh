@@ -47,14 +47,14 @@ if [ -z "${LLAMA_BIN:-}" ]; then
     LLAMA_BIN=$build_dir/bin
 fi
 
-# The F16 sources, written while llama.cpp compiles, one process a shape at once (each a single core's numpy);
-# each under a temporary name until complete (bench_vs_llamacpp.py writes any that are missing).
+# The F16 sources, written while llama.cpp compiles, one process a shape at once (each a single core's numpy;
+# bench_vs_llamacpp.py writes any that are missing).
 writers=()
 for shape in $SHAPES; do
     model="$WORKDIR/$shape-F16.gguf"
     [ -f "$model" ] && continue
-    { "$PYTHON" -m minfer.testing.synthetic "$model.tmp" --preset "$shape" --weight-type F16 \
-        && mv "$model.tmp" "$model"; } > "$WORKDIR/synthetic-$shape.log" 2>&1 &
+    "$PYTHON" -m minfer.testing.synthetic "$model" --preset "$shape" --weight-type F16 \
+        > "$WORKDIR/synthetic-$shape.log" 2>&1 &
     writers+=("$!:$shape")
 done
 for writer in "${writers[@]}"; do

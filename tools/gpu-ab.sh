@@ -58,8 +58,7 @@ PACKAGES="./packages/minfer-runtime"
 "$PYTHON" -m pip install -q --no-build-isolation --no-deps $PACKAGES > "$LOGS/build-after.log" 2>&1 \
     || { tail -30 "$LOGS/build-after.log"; exit 1; }
 # The synthetic models that are not there yet are written at once, one process a type (each a single core's numpy
-# for 15-60 s), while REV's packages install. A model is written under a temporary name and renamed when complete,
-# so a run cut short never leaves a partial file that a later run would take for the model.
+# for 15-60 s), while REV's packages install.
 WRITERS=()
 if [ -z "${MINFER_AB_MODELS:-}" ]; then
     mkdir -p /tmp/minfer-bench
@@ -67,8 +66,8 @@ if [ -z "${MINFER_AB_MODELS:-}" ]; then
         model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
         MODELS+=("$model")
         [ -f "$model" ] && continue
-        { "$PYTHON" -m minfer.testing.synthetic "$model.partial" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
-            --weight-type "$weight_type" && mv "$model.partial" "$model"; } > "$LOGS/synthetic-$weight_type.log" 2>&1 &
+        "$PYTHON" -m minfer.testing.synthetic "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
+            --weight-type "$weight_type" > "$LOGS/synthetic-$weight_type.log" 2>&1 &
         WRITERS+=("$!:$weight_type")
     done
 fi

@@ -3,6 +3,8 @@ models that load and run."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -11,6 +13,7 @@ from gguf import quants as gguf_quants
 import minfer
 from minfer.gguf_file import GGUFFile
 from minfer.models.config import ModelConfig
+from minfer.testing import synthetic
 from minfer.testing.quantize import quantize
 from minfer.testing.synthetic import PRESETS, WEIGHT_TYPES, q4_k_m_type, scaled, uses_more_bits, write_synthetic_model
 
@@ -100,3 +103,27 @@ def test_a_presets_config_is_what_the_engine_reads_from_its_file(preset, tmp_pat
     spec = scaled(preset, n_layers=min(PRESETS[preset].n_layers, 6), vocab_size=512, d_ff=64)
     path = write_synthetic_model(tmp_path / "model.gguf", spec, weight_type="F16")
     assert ModelConfig.from_gguf(GGUFFile(path)) == spec.config()
+
+
+def test_the_command_writes_a_whole_model_and_nothing_beside_it(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "tiny.gguf"
+    monkeypatch.setattr(sys, "argv", ["synthetic", str(out), "--preset", "tiny-llama", "--weight-type", "Q8_0"])
+    synthetic.main()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny.gguf"]
+    assert GGUFFile(out).tensors["token_embd.weight"].qtype == GGMLQuantizationType.Q8_0
+    assert str(out) in capsys.readouterr().out
+
+
+def test_an_interrupted_command_leaves_no_model(tmp_path, monkeypatch):
+    """The scripts write a model only where its file is missing: a cut-short write must not leave one there."""
+    out = tmp_path / "tiny.gguf"
+
+    def interrupted(path, *args, **kwargs):
+        path.write_bytes(b"GGUF, then nothing")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(synthetic, "write_synthetic_model", interrupted)
+    monkeypatch.setattr(sys, "argv", ["synthetic", str(out), "--preset", "tiny-llama"])
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.main()
+    assert list(tmp_path.iterdir()) == []

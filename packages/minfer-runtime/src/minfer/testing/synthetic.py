@@ -324,8 +324,15 @@ def main() -> None:
     parser.add_argument("--weight-type", choices=sorted([*WEIGHT_TYPES, *MIXES]), default="Q4_0")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    path = write_synthetic_model(args.out, args.preset, weight_type=args.weight_type, seed=args.seed)
-    print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB")
+    # Written beside OUT and renamed when complete: an interrupted run leaves no OUT that the scripts, which
+    # write a model only where it is missing, would take for a whole one.
+    partial = args.out.with_name(args.out.name + ".partial")
+    try:
+        write_synthetic_model(partial, args.preset, weight_type=args.weight_type, seed=args.seed)
+        partial.replace(args.out)
+    finally:
+        partial.unlink(missing_ok=True)
+    print(f"{args.out}: {args.out.stat().st_size / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":
