@@ -324,7 +324,7 @@ def main() -> None:
                 8 * kv_len * kv_dim,
                 lambda: kernels.attention_decode_f32(
                     q, k_cache, v_cache, attn_out, length.ptr, workspace.ptr,
-                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, h,
+                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM, h,
                 ),
             )
         )  # fmt: skip

@@ -283,13 +283,6 @@ void bind_kernels(nb::module_& k) {
                     "normal (adjacent pairs), 2 = NeoX (halves); n_rot <= head_dim, even.",
                     "x"_a, "positions"_a, "n_tokens"_a, "n_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a,
                     "mscale"_a, "mode"_a, "stream"_a);
-    MINFER_LAUNCHER(k, "head_norm_rope_f32", launch_head_norm_rope_f32,
-                    "One token: every head of q [n_heads*head_dim] and of row positions[0] of k_cache "
-                    "[n_ctx][n_kv_heads*head_dim] RMS-normed over its head_dim values (q_norm, k_norm: head_dim "
-                    "weights), then rotated as rope_f32 rotates, in place; head_dim <= 256; a position outside "
-                    "0..n_ctx-1 traps.",
-                    "q"_a, "k_cache"_a, "q_norm"_a, "k_norm"_a, "positions"_a, "n_heads"_a, "n_kv_heads"_a,
-                    "head_dim"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a, "eps"_a, "n_ctx"_a, "stream"_a);
     MINFER_LAUNCHER(k, "embed_rows", launch_embed_rows,
                     "out[t] = dequantized table[ids[t]] for a GGUF table of n_rows rows of d values (GGML type "
                     "`type`); ids: device int32 [n_tokens]; an id outside the table traps.",
@@ -367,9 +360,13 @@ void bind_kernels(nb::module_& k) {
                     "One query token over cache rows 0..kv_len-1 (the last `window` of them; 0: all), kv_len read "
                     "from a device int32, scores scale * q.k: q/out [n_heads*head_dim], caches "
                     "[n_ctx][n_kv_heads*head_dim]; the cache is cut in n_splits pieces merged through `workspace` "
-                    "(attention_decode_workspace_bytes).",
+                    "(attention_decode_workspace_bytes). q_norm and k_norm (head_dim weights each; both or None): "
+                    "q and cache row kv_len-1 are raw, each of their heads is first RMS-normed (head_eps) and "
+                    "rotated as rope_f32 rotates at position kv_len-1 (n_rot, inv_freq, mscale, mode), that row "
+                    "in place.",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "kv_len"_a, "workspace"_a, "n_heads"_a,
-                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "scale"_a, "window"_a, "n_splits"_a, "stream"_a);
+                    "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "scale"_a, "window"_a, "n_splits"_a, "q_norm"_a,
+                    "k_norm"_a, "head_eps"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a, "stream"_a);
     MINFER_LAUNCHER(k, "attention_prefill_f32", launch_attention_prefill_f32,
                     "Causal attention: query t (q/out [n_tokens][n_heads*head_dim]) over cache rows "
                     "0..positions[t] (the last `window` of them; 0: all), scores scale * q.k; positions: device "

@@ -108,6 +108,7 @@ def test_decode_attention(rng, stream, dev, n_heads, n_kv_heads, head_dim, kv_le
         1 / np.sqrt(head_dim),
         0,
         n_splits,
+        *kernels.NO_HEAD_NORM,
         stream.handle,
     )
     got = from_device(out, q.shape, np.float32, stream)
@@ -127,7 +128,7 @@ def test_decode_attention_odd_head_sizes(rng, stream, dev, n_heads, n_kv_heads, 
     workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(n_heads, head_dim, 64))
     kernels.attention_decode_f32(
         dev(q), dev(k_cache), dev(v_cache), out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr,
-        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, 64, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, 64, *kernels.NO_HEAD_NORM, stream.handle,
     )  # fmt: skip
     got = from_device(out, q.shape, np.float32, stream)
     expected = attention(q, k_cache, v_cache, [kv_len - 1], n_heads, n_kv_heads, head_dim)
@@ -146,7 +147,8 @@ def test_decode_attention_reuses_its_workspace(rng, stream, dev):
         out = poisoned(q.shape, np.float32, stream)
         kernels.attention_decode_f32(
             dev(q), k_dev, v_dev, out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr,
-            n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, n_splits, stream.handle,
+            n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, n_splits, *kernels.NO_HEAD_NORM,
+            stream.handle,
         )  # fmt: skip
         got = from_device(out, q.shape, np.float32, stream)
         expected = attention(q, k_cache, v_cache, [kv_len - 1], n_heads, n_kv_heads, head_dim)
@@ -329,7 +331,7 @@ def test_decode_and_prefill_agree_on_the_last_token(rng, stream):
     position_dev = to_device(np.array([kv_len - 1], np.int32), stream)
     kernels.attention_decode_f32(
         q_dev.ptr, k_dev.ptr, v_dev.ptr, by_decode.ptr, kv_len_dev.ptr, workspace.ptr,
-        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, 16, stream.handle,
+        n_heads, n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), 0, 16, *kernels.NO_HEAD_NORM, stream.handle,
     )  # fmt: skip
     kernels.attention_prefill_f32(
         q_dev.ptr, k_dev.ptr, v_dev.ptr, by_prefill.ptr, position_dev.ptr, 1,

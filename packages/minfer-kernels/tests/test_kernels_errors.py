@@ -67,9 +67,9 @@ def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
     with pytest.raises(ValueError, match="head_dim must be a multiple of 32"):
         kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, 16, 0.125, 0, p, 0, h)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 0.125, 0, 4, h)
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 0.125, 0, 4, *kernels.NO_HEAD_NORM, h)
     with pytest.raises(ValueError, match="n_splits"):
-        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0.125, 0, 0, h)
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0.125, 0, 0, *kernels.NO_HEAD_NORM, h)
     mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 

@@ -295,7 +295,7 @@ QKV_CASES = [
     (8, 2, 64, 64, 5e5, kernels.ROPE_NORMAL, False, True),  # Llama 3.2 with its rope_freqs factors
     (4, 4, 128, 96, 1e4, kernels.ROPE_NORMAL, True, False),  # partial rotary
     (3, 1, 80, 32, 1e4, kernels.ROPE_NEOX, False, True),  # partial NeoX
-    (16, 8, 128, 0, 1e6, kernels.ROPE_NEOX, False, False),  # Qwen3-0.6B: no rotation (head_norm_rope_f32's)
+    (16, 8, 128, 0, 1e6, kernels.ROPE_NEOX, False, False),  # Qwen3-0.6B: no rotation (decode attention's)
     (4, 1, 256, 0, 1e6, kernels.ROPE_NEOX, False, False),  # Gemma 3 270M: the same
 ]
 

@@ -5,9 +5,6 @@ Error bounds:
                the same, relative to |y| + |norm| (the add's one float32 rounding is far below it)
     rope       1e-6 relative to max(mscale, 1) (|a| + |b|) of the rotated pair (cos/sin rounded to float32
                and scaled, then two products and a sum); dimensions past n_rot must come back bit for bit
-    head_norm_rope
-               1e-5 relative to rope's scale of the normed head: the norm's 1e-5 carried through the rotation
-               (whose own 1e-6 is below it); the cache rows other than the position must come back bit for bit
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from kernel_testing import (
     to_device,
 )
 
-import minfer_kernels as mk
 from minfer_kernels import kernels
 
 pytestmark = requires_gpu
@@ -104,56 +100,3 @@ def test_rope_normal_and_neox_pair_different_dimensions(rng, stream, dev):
         kernels.rope_f32(buffer.ptr, positions.ptr, 1, 1, 64, 64, inv_freq, 1.0, mode, stream.handle)
         results[mode] = from_device(buffer, x.shape, np.float32, stream)
     assert not np.allclose(results[kernels.ROPE_NORMAL], results[kernels.ROPE_NEOX])
-
-
-HEAD_NORM_CASES = [
-    # n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, scaled (random per-pair factors, mscale 1.2)
-    (16, 8, 128, 128, 1e6, kernels.ROPE_NEOX, False),  # Qwen3-0.6B
-    (4, 1, 256, 256, 1e4, kernels.ROPE_NEOX, False),  # Gemma 3 270M, a sliding-window layer's table
-    (4, 1, 256, 256, 1e6, kernels.ROPE_NEOX, True),  # Gemma 3, a global layer with RoPE scaling
-    (9, 3, 64, 64, 1e4, kernels.ROPE_NORMAL, True),  # odd head counts, the llama pairs
-    (7, 7, 64, 32, 1e4, kernels.ROPE_NEOX, False),  # partial NeoX: dims 32..63 normed, not rotated
-    (5, 1, 128, 96, 1e4, kernels.ROPE_NORMAL, False),  # partial, adjacent pairs
-    (3, 1, 32, 16, 1e4, kernels.ROPE_NEOX, True),  # 16 pairs: half of each warp holds none
-    (3, 1, 80, 48, 1e4, kernels.ROPE_NORMAL, False),  # 40 pairs: 8 lanes hold two
-]
-
-
-@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "scaled"), HEAD_NORM_CASES)
-def test_head_norm_rope(rng, stream, dev, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, scaled):
-    n_ctx = 37
-    position = n_ctx - 1 - int(rng.integers(0, 2))  # the cache's last rows
-    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-    q_values, cache = randn(rng, 1, q_dim, scale=3.0), randn(rng, n_ctx, kv_dim, scale=3.0)
-    q_norm, k_norm = randn(rng, head_dim), randn(rng, head_dim)
-    positions = np.array([position], np.int32)
-    inv_freq, mscale = rope_inv_freq(freq_base, n_rot, rng if scaled else None), 1.2 if scaled else 1.0
-    q, k_cache = to_device(q_values, stream), to_device(cache, stream)
-    kernels.head_norm_rope_f32(
-        q.ptr, k_cache.ptr, dev(q_norm), dev(k_norm), dev(positions), n_heads, n_kv_heads, head_dim, n_rot,
-        dev(inv_freq), mscale, mode, EPS, n_ctx, stream.handle,
-    )  # fmt: skip
-
-    def reference(x, weight, heads):
-        normed = rms_norm(x.reshape(heads, head_dim), weight, EPS).reshape(1, -1)
-        return rope(normed, positions, heads, head_dim, n_rot, inv_freq, mscale, mode)
-
-    q_ref, q_scale = reference(q_values, q_norm, n_heads)
-    k_ref, k_scale = reference(cache[position], k_norm, n_kv_heads)
-    assert_close(from_device(q, (1, q_dim), np.float32, stream), q_ref, 1e-5, scale=q_scale, what="q")
-    got_cache = from_device(k_cache, (n_ctx, kv_dim), np.float32, stream)
-    assert_close(got_cache[position : position + 1], k_ref, 1e-5, scale=k_scale, what="k row")
-    others = np.arange(n_ctx) != position
-    assert np.array_equal(got_cache[others], cache[others])
-
-
-def test_head_norm_rope_refuses_what_it_cannot_run(stream):
-    p, h = mk.DeviceBuffer(1 << 12).ptr, stream.handle
-    heads = (2, 1)
-    with pytest.raises(ValueError, match=r"launch_head_norm_rope_f32 refused .*at most 256"):
-        kernels.head_norm_rope_f32(p, p, p, p, p, *heads, 288, 288, p, 1.0, kernels.ROPE_NEOX, EPS, 8, h)
-    with pytest.raises(ValueError, match=r"launch_head_norm_rope_f32 refused .*n_rot must be even"):
-        kernels.head_norm_rope_f32(p, p, p, p, p, *heads, 64, 0, p, 1.0, kernels.ROPE_NEOX, EPS, 8, h)
-    with pytest.raises(ValueError, match=r"launch_head_norm_rope_f32 refused .*mode must be"):
-        kernels.head_norm_rope_f32(p, p, p, p, p, *heads, 64, 64, p, 1.0, 1, EPS, 8, h)
-    mk.sync(h)  # nothing reached CUDA

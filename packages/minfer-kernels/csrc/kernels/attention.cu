@@ -1,7 +1,7 @@
 // Attention over the KV cache, and the store that fills the cache.
 //
 // Layouts (float32, contiguous):
-//     q, out             [n_tokens][n_heads * head_dim]     (q after RoPE)
+//     q, out             [n_tokens][n_heads * head_dim]     (q after RoPE; decode may norm and rotate it itself)
 //     k_cache, v_cache   [n_ctx][n_kv_heads * head_dim]     one pair per layer, alive for the whole session
 // Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). The query at
 // position p attends to cache rows 0 .. p (causal by position) with scores scale * q.k (the model's scale:
@@ -25,12 +25,17 @@
 // stays valid while the sequence grows, the host only rewrites those integers. A position or length
 // outside the cache would read or write another buffer's memory, so the kernels __trap() instead: a
 // sticky error that the host's next sync() reports as latched.
+//
+// For the families that RMS-norm every head of q and k before RoPE (Qwen3, Gemma 3), decode does that itself
+// (attention_decode's HEAD_NORM): the QKV projection stores q and k raw, and a separate kernel between them
+// would be one more launch a layer, on the decode step's critical path, for a few KB of work.
 #include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
 #include "launchers.h"
 #include "mma.cuh"
+#include "rope.cuh"
 
 namespace minfer {
 namespace {
@@ -107,6 +112,18 @@ struct DecodeTile {
     static constexpr int V_ROWS = (ROWS + ROW_GROUPS - 1) / ROW_GROUPS;         // V rows a thread holds a tile
 };
 
+// What decode needs to norm and rotate q and the newest k row itself (attention_decode's HEAD_NORM): the
+// weights of q's and k's per-head norms (head_dim each), their epsilon, and the rotation (rope.cuh).
+struct DecodeHeadNorm {
+    const float* q_norm;
+    const float* k_norm;
+    float eps;
+    int n_rot;
+    const double* inv_freq;  // [n_rot / 2] pair frequencies
+    float mscale;
+    int mode;
+};
+
 // Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
 // kv_head, over one split of the cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
 // (kv_len is read here, so a captured graph serves every step). A split is at least 32 rows, so a short cache is one split and one block per KV
@@ -122,12 +139,22 @@ struct DecodeTile {
 // With one split the block writes the output. With several, each writes its partial state; the last
 // block of a KV head to finish (a counter in the workspace, reset by that block for the next launch)
 // merges them: the workspace must start zeroed, as every DeviceBuffer does.
-template <int HEAD_DIM>
+//
+// HEAD_NORM (Qwen3, Gemma 3; head_norm's pointers are then set): q and the newest cache row, kv_len - 1, were
+// stored raw by the QKV projection; this launch norms and rotates both (rope.cuh: head_norm_rope) at the
+// query's position kv_len - 1. Every block of a KV head norms its group's q as it stages it in shared memory (a
+// warp a head; q in global memory stays raw). The newest row lies in the last active split alone (the splits
+// cut visible_from .. kv_len - 1 in order, and a tile never reads past its split's end), so only that block
+// reads it: its first warp norms and rotates the KV head's part of the row in place, before any of the block's
+// tiles load it, so this step and every later one read it normed, as if a kernel before had done it. The
+// other KV heads' blocks write other parts of the row (kv_head * HEAD_DIM on). Without HEAD_NORM none of this
+// is compiled: the instantiations the other families run are unchanged.
+template <int HEAD_DIM, bool HEAD_NORM>
 __global__ void __launch_bounds__(DECODE_THREADS)
-    attention_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+    attention_decode(const float* __restrict__ q, float* __restrict__ k_cache, const float* __restrict__ v_cache,
                      float* __restrict__ out, const int* __restrict__ kv_len_ptr, int* __restrict__ counters,
                      float4* __restrict__ partial_acc, float2* __restrict__ partial_stats, int group_size, int kv_dim,
-                     int n_ctx, float score_scale, int window) {
+                     int n_ctx, float score_scale, int window, DecodeHeadNorm head_norm) {
     using Tile = DecodeTile<HEAD_DIM>;
     constexpr int ROW_CHUNKS = Tile::ROW_CHUNKS;
     const int split = blockIdx.x;
@@ -148,7 +175,7 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     if (split >= n_active) return;  // a short cache leaves most splits empty
     const int first = visible_from + split * rows_per_split;
     const int end = min(kv_len, first + rows_per_split);
-    const float* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
+    float* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
     const float* v_head = v_cache + std::size_t(kv_head) * HEAD_DIM;
 
     // The cache rows before the newest do not depend on the previous kernel: fetch them into L2 meanwhile.
@@ -160,6 +187,15 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     }
     wait_for_previous_kernel();
     allow_next_kernel();
+    if constexpr (HEAD_NORM) {
+        if (split == n_active - 1) {  // the block whose split ends at the newest row (see above)
+            if (warp == 0)
+                head_norm_rope<HEAD_DIM>(k_head + std::size_t(kv_len - 1) * kv_dim, head_norm.k_norm, head_norm.eps,
+                                         kv_len - 1, head_norm.n_rot, head_norm.inv_freq, head_norm.mscale,
+                                         head_norm.mode, 1.0f);
+            __syncthreads();  // the row is written before the tiles load it (plain loads: no stale cached copy)
+        }
+    }
 
     __shared__ __align__(16) float4 q_scaled[DECODE_MAX_GROUP * ROW_CHUNKS];
     __shared__ float weights[DECODE_MAX_GROUP][Tile::ROWS];  // a tile's scores, then its softmax weights
@@ -195,8 +231,17 @@ __global__ void __launch_bounds__(DECODE_THREADS)
             const float4* q_group = reinterpret_cast<const float4*>(q) + std::size_t(first_head) * ROW_CHUNKS;
             for (int i = threadIdx.x; i < group_size * ROW_CHUNKS; i += DECODE_THREADS) {
                 const float4 value = q_group[i];
-                q_scaled[i] = make_float4(value.x * score_scale, value.y * score_scale, value.z * score_scale,
-                                          value.w * score_scale);
+                q_scaled[i] = HEAD_NORM ? value
+                                        : make_float4(value.x * score_scale, value.y * score_scale,
+                                                      value.z * score_scale, value.w * score_scale);
+            }
+            if constexpr (HEAD_NORM) {
+                __syncthreads();  // the group's raw q is staged: a warp a head norms, rotates and scales it there
+                float* q_heads = reinterpret_cast<float*>(q_scaled);
+                for (int h = warp; h < group_size; h += DECODE_WARPS)
+                    head_norm_rope<HEAD_DIM>(q_heads + h * HEAD_DIM, head_norm.q_norm, head_norm.eps, kv_len - 1,
+                                             head_norm.n_rot, head_norm.inv_freq, head_norm.mscale, head_norm.mode,
+                                             score_scale);
             }
         }
         __syncthreads();  // q is staged, and the previous tile's V pass is done with `weights`
@@ -961,6 +1006,22 @@ long long prefill_workspace_bytes(int n_tokens, int n_heads, int head_dim, int n
     return static_cast<long long>(n_splits) * n_tokens * n_heads * (head_dim + 2) * static_cast<long long>(sizeof(float));
 }
 
+// The decode kernel of a head size (one each, so a tile's loads per thread are compile-time counts), with or
+// without the head norm.
+template <bool HEAD_NORM>
+decltype(&attention_decode<32, HEAD_NORM>) decode_kernel(int head_dim) {
+    switch (head_dim) {
+        case 32: return attention_decode<32, HEAD_NORM>;
+        case 64: return attention_decode<64, HEAD_NORM>;
+        case 96: return attention_decode<96, HEAD_NORM>;
+        case 128: return attention_decode<128, HEAD_NORM>;
+        case 160: return attention_decode<160, HEAD_NORM>;
+        case 192: return attention_decode<192, HEAD_NORM>;
+        case 224: return attention_decode<224, HEAD_NORM>;
+        default: return attention_decode<256, HEAD_NORM>;
+    }
+}
+
 // The preconditions both attention launchers share.
 cudaError_t check_attention(int n_heads, int n_kv_heads, int head_dim, float scale, int window) {
     if (head_dim % WARP_SIZE != 0 || head_dim <= 0 || head_dim > MAX_HEAD_DIM)
@@ -991,10 +1052,12 @@ extern "C" std::size_t attention_decode_workspace_bytes(int n_heads, int head_di
     return decode_counter_bytes(n_heads) + std::size_t(n_heads) * n_splits * (head_dim + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache,
-                                                   float* out, const int* kv_len, float* workspace, int n_heads,
-                                                   int n_kv_heads, int head_dim, int n_ctx, float scale, int window,
-                                                   int n_splits, cudaStream_t stream) {
+extern "C" cudaError_t launch_attention_decode_f32(const float* q, float* k_cache, const float* v_cache, float* out,
+                                                   const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
+                                                   int head_dim, int n_ctx, float scale, int window, int n_splits,
+                                                   const float* q_norm, const float* k_norm, float head_eps,
+                                                   int n_rot, const double* inv_freq, float mscale, int mode,
+                                                   cudaStream_t stream) {
     if (const cudaError_t refused = check_attention(n_heads, n_kv_heads, head_dim, scale, window);
         refused != cudaSuccess)
         return refused;
@@ -1003,6 +1066,14 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16) ||
         !is_aligned(workspace, 16))
         return minfer_refuse("q, k_cache, v_cache, out and workspace must be 16-byte aligned (float4 loads)");
+    if ((q_norm == nullptr) != (k_norm == nullptr)) return minfer_refuse("q_norm and k_norm go together: both or neither");
+    const bool head_norm = q_norm != nullptr;
+    if (head_norm) {
+        if (mode != ROPE_NORMAL && mode != ROPE_NEOX) return minfer_refuse("mode must be 0 (normal) or 2 (NeoX)");
+        if (n_rot < 0 || n_rot % 2 != 0 || n_rot > head_dim)
+            return minfer_refuse("n_rot must be even, between 0 and head_dim");
+        if (n_rot > 0 && inv_freq == nullptr) return minfer_refuse("inv_freq must be given where n_rot > 0");
+    }
     const float score_scale = LOG2_E * scale;  // scores in log2 units: exp2f weights
     int* counters = reinterpret_cast<int*>(workspace);
     auto* partial_acc = reinterpret_cast<float4*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
@@ -1012,21 +1083,11 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, const float* 
     // share the split's rows among them (see DecodeTile).
     const dim3 grid(n_splits, n_kv_heads);
     const int kv_dim = n_kv_heads * head_dim;
-    // One kernel per head size, so a tile's loads per thread are compile-time counts.
-    decltype(&attention_decode<32>) kernel = nullptr;
-    switch (head_dim) {
-        case 32: kernel = attention_decode<32>; break;
-        case 64: kernel = attention_decode<64>; break;
-        case 96: kernel = attention_decode<96>; break;
-        case 128: kernel = attention_decode<128>; break;
-        case 160: kernel = attention_decode<160>; break;
-        case 192: kernel = attention_decode<192>; break;
-        case 224: kernel = attention_decode<224>; break;
-        default: kernel = attention_decode<256>; break;
-    }
+    const auto kernel = head_norm ? decode_kernel<true>(head_dim) : decode_kernel<false>(head_dim);
+    const DecodeHeadNorm norms{q_norm, k_norm, head_eps, n_rot, inv_freq, mscale, mode};
     return launch_overlapped(kernel, grid, dim3(DECODE_THREADS), 0, stream, q, k_cache, v_cache, out, kv_len,
                              counters, partial_acc, partial_stats, n_heads / n_kv_heads, kv_dim, n_ctx, score_scale,
-                             window);
+                             window, norms);
 }
 
 extern "C" int attention_prefill_splits(int n_tokens, int n_heads, int head_dim, int max_rows, int multiprocessors) {

@@ -105,8 +105,8 @@ struct GemvGated {
 // k heads, then v heads: the two dimensions RoPE rotates together (rope.cuh) for q and k, two adjacent
 // ones for v. Its epilogue adds the biases, rotates q and k pairs by the position, and writes q to `q`, k
 // and v to row `position` of the caches. With n_rot 0 no pair is rotated: a family that norms each head of q
-// and k before RoPE (Qwen3, Gemma 3) has head_norm_rope_f32 (rope.cu) norm and rotate them afterwards, q in
-// place and k in its cache row. The position is read from device memory, so a captured graph serves every
+// and k before RoPE (Qwen3, Gemma 3) has decode attention (attention.cu: attention_decode's HEAD_NORM) norm and
+// rotate them afterwards, q as it reads it and k in its cache row. The position is read from device memory, so a captured graph serves every
 // step; one outside the cache would write another buffer's memory, so the kernel traps.
 struct GemvQkvRopeStore {
     static constexpr int ROWS = 2;

@@ -45,14 +45,6 @@ cudaError_t launch_rms_norm_add_f32(const float* x, const float* weight, float* 
 // rope.cu. inv_freq: the device table of n_rot/2 pair frequencies (rope.cuh), mscale: the factor on cos and sin.
 cudaError_t launch_rope_f32(float* x, const int* positions, int n_tokens, int n_heads, int head_dim, int n_rot,
                             const double* inv_freq, float mscale, int mode, cudaStream_t stream);
-// One token of a family with per-head q and k norms: each head of q [n_heads * head_dim] and of k, row
-// positions[0] of k_cache [n_ctx][n_kv_heads * head_dim], RMS-normed over its head_dim values (q_norm, k_norm:
-// head_dim weights each), then rotated as rope_f32 does, in place; head_dim <= 256; a position outside
-// 0..n_ctx-1 traps.
-cudaError_t launch_head_norm_rope_f32(float* q, float* k_cache, const float* q_norm, const float* k_norm,
-                                      const int* positions, int n_heads, int n_kv_heads, int head_dim, int n_rot,
-                                      const double* inv_freq, float mscale, int mode, float eps, int n_ctx,
-                                      cudaStream_t stream);
 
 // embed.cu
 cudaError_t launch_embed_rows(const void* table, int type, const int* ids, float* out, int n_tokens, int d,
@@ -126,10 +118,21 @@ cudaError_t launch_gemv_int8(const void* weight, int type, const float* x, const
 cudaError_t launch_kv_store_f32(const float* k, const float* v, float* k_cache, float* v_cache,
                                 const int* positions, int n_tokens, int kv_dim, int n_ctx, cudaStream_t stream);
 std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_splits);
-cudaError_t launch_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+// Decode: the one query (the newest token, at position kv_len[0] - 1) over cache rows 0..kv_len[0]-1 (the last
+// `window` of them; 0: all), the rows cut into n_splits pieces merged through the workspace
+// (attention_decode_workspace_bytes(...) bytes, zeroed once: the launch leaves it so). q_norm and k_norm both
+// nullptr: q and the cache are read as they are, and k_cache is not written (the other arguments after n_splits
+// are then ignored). Both given (Qwen3, Gemma 3: head_dim weights each): q and the newest row, k_cache[kv_len[0]
+// - 1], hold raw projections; each head of both is first RMS-normed over its head_dim values with head_eps
+// (x / sqrt(mean(x^2) + head_eps) * weight), then rotated as rope_f32 rotates at position kv_len[0] - 1 (n_rot:
+// even, 0..head_dim, 0 rotating nothing; inv_freq: n_rot/2 doubles, nullptr only where n_rot is 0; mscale;
+// mode 0 normal or 2 NeoX). q in device memory stays raw; the newest row is normed and rotated in place, so a
+// second launch over the same kv_len would norm it twice: the row must be stored raw before each such launch.
+cudaError_t launch_attention_decode_f32(const float* q, float* k_cache, const float* v_cache, float* out,
                                         const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
                                         int head_dim, int n_ctx, float scale, int window, int n_splits,
-                                        cudaStream_t stream);
+                                        const float* q_norm, const float* k_norm, float head_eps, int n_rot,
+                                        const double* inv_freq, float mscale, int mode, cudaStream_t stream);
 // Prefill: query t over cache rows 0..positions[t] (the last `window` of them; 0: all). Where its query tiles
 // leave the GPU's block slots empty, each tile's rows are cut into attention_prefill_splits(...) slices (1:
 // none) whose partial states meet in `workspace`, then merge in slice order (deterministic; the workspace need

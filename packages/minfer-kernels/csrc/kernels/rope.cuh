@@ -1,5 +1,6 @@
-// The rotary position embedding of one pair of dimensions, shared by the RoPE kernel (rope.cu) and the
-// QKV projection that rotates in its epilogue (gemv.cu), so both rotate bit for bit alike.
+// The rotary position embedding of one pair of dimensions, shared by the RoPE kernel (rope.cu), the QKV
+// projection that rotates in its epilogue (gemv.cu) and decode attention that norms and rotates q and the newest
+// k itself (attention.cu: head_norm_rope), so all of them rotate bit for bit alike.
 //
 // Pair p (0 <= p < n_rot / 2) of a head at position `position` is rotated by the angle
 //     theta = position * inv_freq[p],
@@ -15,6 +16,8 @@
 // double-precision sincos is a long dependent chain, and in the fused QKV kernel it sat on every block's
 // critical path. The rotation itself is float32.
 #pragma once
+
+#include "common.cuh"
 
 namespace minfer {
 
@@ -45,6 +48,49 @@ __device__ __forceinline__ void rope_rotate(float& a, float& b, RopeAngle angle)
     const float rotated_a = a * angle.cos - b * angle.sin;
     b = a * angle.sin + b * angle.cos;
     a = rotated_a;
+}
+
+// The families that RMS-norm every head of q and k before RoPE (Qwen3, Gemma 3: attn_q_norm and attn_k_norm,
+// weights one head long): one warp turns one head x of HEAD_DIM values, in place, into
+//     x[i] / sqrt(mean(x^2) + eps) * weight[i]     (rms_norm_f32's norm, norm.cu, over the head's values)
+// rotated at `position` as rope_f32 rotates (pairs p < n_rot / 2; the dimensions from n_rot on stay as they
+// are), then times `scale` (decode attention's score scale on q; 1 on k, which changes no bit). The weights
+// are applied as the file stores them: for Gemma, llama.cpp's converter already wrote 1 + w, as the CPU
+// reference (backends/cpu.py: rms_norm) reads them too. A lane holds the pairs lane, lane + 32, ..., both
+// dimensions of each (rope_f32's in the rotated part, adjacent ones past it), so it norms and rotates them
+// without exchanging values; the head's sum of squares is a warp_sum. x may be in shared or global memory.
+template <int HEAD_DIM>
+__device__ __forceinline__ void head_norm_rope(float* x, const float* weight, float eps, int position, int n_rot,
+                                               const double* inv_freq, float mscale, int mode, float scale) {
+    constexpr int N_PAIRS = HEAD_DIM / 2;
+    constexpr int PAIRS_PER_LANE = ceil_div(N_PAIRS, WARP_SIZE);
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int half_rot = n_rot / 2;
+    int first[PAIRS_PER_LANE], second[PAIRS_PER_LANE];
+    float a[PAIRS_PER_LANE], b[PAIRS_PER_LANE];
+    float sum_of_squares = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_LANE; ++i) {
+        const int p = lane + i * WARP_SIZE;
+        const bool neox = mode == ROPE_NEOX && p < half_rot;
+        first[i] = neox ? p : 2 * p;
+        second[i] = neox ? p + half_rot : 2 * p + 1;
+        const bool held = p < N_PAIRS;
+        a[i] = held ? x[first[i]] : 0.0f;
+        b[i] = held ? x[second[i]] : 0.0f;
+        sum_of_squares += a[i] * a[i] + b[i] * b[i];
+    }
+    sum_of_squares = warp_sum(sum_of_squares);
+    const float inv_rms = rsqrtf(sum_of_squares / float(HEAD_DIM) + eps);
+#pragma unroll
+    for (int i = 0; i < PAIRS_PER_LANE; ++i) {
+        const int p = lane + i * WARP_SIZE;
+        if (p >= N_PAIRS) continue;
+        float u = a[i] * inv_rms * weight[first[i]], v = b[i] * inv_rms * weight[second[i]];
+        if (p < half_rot) rope_rotate(u, v, rope_angle(position, inv_freq[p], mscale));
+        x[first[i]] = u * scale;
+        x[second[i]] = v * scale;
+    }
 }
 
 }  // namespace minfer

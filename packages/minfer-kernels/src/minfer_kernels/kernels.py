@@ -21,6 +21,9 @@ from ._C import kernels as _kernels
 ROPE_NORMAL = 0
 #: ``mode`` of ``rope_f32``: GGML_ROPE_TYPE_NEOX (pairs i, i + n_rot/2).
 ROPE_NEOX = 2
+#: ``attention_decode_f32``'s arguments after ``n_splits`` (q_norm, k_norm, head_eps, n_rot, inv_freq, mscale,
+#: mode) where it norms nothing: q and the cache are read as they are.
+NO_HEAD_NORM = (None, None, 0.0, 0, None, 1.0, ROPE_NORMAL)
 
 add_f32 = _kernels.add_f32
 mul_f32 = _kernels.mul_f32
@@ -35,7 +38,6 @@ add_bias_f32 = _kernels.add_bias_f32
 rms_norm_f32 = _kernels.rms_norm_f32
 rms_norm_add_f32 = _kernels.rms_norm_add_f32
 rope_f32 = _kernels.rope_f32
-head_norm_rope_f32 = _kernels.head_norm_rope_f32
 embed_rows = _kernels.embed_rows
 matmul = _kernels.matmul
 gemv = _kernels.gemv
@@ -63,6 +65,7 @@ toy_busy = _kernels.toy_busy  # for the tutorial only (csrc/kernels/toys.cu)
 TYPES = _kernels.TYPES
 
 __all__ = [
+    "NO_HEAD_NORM",
     "ROPE_NEOX",
     "ROPE_NORMAL",
     "TYPES",
@@ -91,7 +94,6 @@ __all__ = [
     "gemv_qkv_rope_store",
     "gemv_swiglu",
     "greedy_advance",
-    "head_norm_rope_f32",
     "kv_store_f32",
     "matmul",
     "mul_f32",

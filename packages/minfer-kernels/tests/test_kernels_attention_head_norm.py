@@ -1,0 +1,133 @@
+"""Decode attention that norms and rotates q and the newest K row itself (Qwen3, Gemma 3), against float64.
+
+The reference norms each head of q and of cache row kv_len - 1 (rms_norm, then rope at position kv_len - 1),
+attends over the cache with that row replaced, and the row must come back normed and rotated in place, every
+other row bit for bit (q in device memory too: it stays raw). Rows no query may see are NaN, as in
+test_kernels_attention.py, so a block that reads past its split or before the window fails.
+
+Error bounds: the K row 1e-5 relative to rope's scale of the normed head (the norm's 1e-5 carried through the
+rotation, as the rope tests state); the output 5e-5 of max |V|: decode's float32 2e-5 plus the normed q's and
+k's 1e-5 each moving the scores (normed heads are O(1) per value, the scores O(sqrt(head_dim)) at most).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_testing import (
+    assert_close,
+    attention,
+    from_device,
+    poisoned,
+    randn,
+    requires_gpu,
+    rms_norm,
+    rope,
+    rope_inv_freq,
+    to_device,
+)
+
+import minfer_kernels as mk
+from minfer_kernels import kernels
+
+pytestmark = requires_gpu
+
+RTOL = 5e-5
+RTOL_ROW = 1e-5
+EPS = 1e-6
+N_CTX = 4100
+
+CASES = [
+    # n_heads, n_kv_heads, head_dim, n_rot, mode, scaled (random per-pair factors, mscale 1.2)
+    (16, 8, 128, 128, kernels.ROPE_NEOX, False),  # Qwen3-0.6B: groups of 2
+    (4, 1, 256, 256, kernels.ROPE_NEOX, True),  # Gemma 3 270M: one KV head, a group of 4
+    (8, 8, 64, 64, kernels.ROPE_NORMAL, False),  # no grouping, the llama pairs
+    (32, 4, 128, 64, kernels.ROPE_NEOX, True),  # groups of 8, partial NeoX: dims 64..127 normed, not rotated
+    (8, 2, 64, 48, kernels.ROPE_NORMAL, False),  # groups of 4, partial adjacent pairs
+    (16, 1, 256, 128, kernels.ROPE_NORMAL, True),  # the largest group (16: two heads a warp), partial
+]
+# 512 ends a split exactly with 16 splits (32 rows each) and with 64 (then 16 active splits of 32 rows).
+KV_LENS = [1, 33, 512, 2049, 4097]
+
+
+def normed_rotated(x, weight, n_heads, head_dim, position, n_rot, inv_freq, mscale, mode):
+    """(each head of the row x RMS-normed with `weight`, then rotated at `position`; rope's error scale)."""
+    normed = rms_norm(x.reshape(n_heads, head_dim), weight, EPS).reshape(1, -1)
+    return rope(normed, np.array([position]), n_heads, head_dim, n_rot, inv_freq, mscale, mode)
+
+
+def run_normed_decode(rng, stream, dev, n_heads, n_kv_heads, head_dim, n_rot, mode, scaled, kv_len, n_splits, window):
+    kv_dim = n_kv_heads * head_dim
+    visible_from = max(0, kv_len - window) if window else 0
+    k_cache = np.full((N_CTX, kv_dim), np.nan, np.float32)
+    v_cache = np.full_like(k_cache, np.nan)
+    k_cache[visible_from:kv_len] = randn(rng, kv_len - visible_from, kv_dim, scale=3.0)
+    v_cache[visible_from:kv_len] = randn(rng, kv_len - visible_from, kv_dim)
+    q = randn(rng, 1, n_heads * head_dim, scale=3.0)
+    q_norm, k_norm = randn(rng, head_dim), randn(rng, head_dim)
+    inv_freq, mscale = rope_inv_freq(1e6, n_rot, rng if scaled else None), 1.2 if scaled else 1.0
+    q_dev, k_dev = to_device(q, stream), to_device(k_cache, stream)
+    out = poisoned((1, n_heads * head_dim), np.float32, stream)
+    workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(n_heads, head_dim, n_splits))
+    kernels.attention_decode_f32(
+        q_dev.ptr, k_dev.ptr, dev(v_cache), out.ptr, dev(np.array([kv_len], np.int32)), workspace.ptr, n_heads,
+        n_kv_heads, head_dim, N_CTX, 1 / np.sqrt(head_dim), window, n_splits, dev(q_norm), dev(k_norm), EPS, n_rot,
+        dev(inv_freq) if n_rot else None, mscale, mode, stream.handle,
+    )  # fmt: skip
+
+    position = kv_len - 1
+    rotation = (position, n_rot, inv_freq, mscale, mode)
+    q_ref, _ = normed_rotated(q, q_norm, n_heads, head_dim, *rotation)
+    k_row, k_scale = normed_rotated(k_cache[position], k_norm, n_kv_heads, head_dim, *rotation)
+    got_cache = from_device(k_dev, k_cache.shape, np.float32, stream)
+    assert_close(got_cache[position : position + 1], k_row, RTOL_ROW, scale=k_scale, what="the newest K row")
+    others = np.arange(N_CTX) != position
+    assert np.array_equal(got_cache[others], k_cache[others], equal_nan=True), "a row other than the newest changed"
+    assert np.array_equal(from_device(q_dev, q.shape, np.float32, stream), q), "q in device memory changed"
+    expected_cache = k_cache.copy()
+    expected_cache[position] = k_row[0]
+    expected = attention(q_ref, expected_cache, v_cache, [position], n_heads, n_kv_heads, head_dim, window=window)
+    got = from_device(out, q.shape, np.float32, stream)
+    assert_close(got, expected, RTOL, scale=np.abs(v_cache[visible_from:kv_len]).max(), what="normed decode attention")
+
+
+@pytest.mark.parametrize("n_splits", [1, 16, 64])
+@pytest.mark.parametrize("kv_len", KV_LENS)
+@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim", "n_rot", "mode", "scaled"), CASES)
+def test_decode_attention_norms_and_rotates_q_and_the_newest_k(
+    rng, stream, dev, n_heads, n_kv_heads, head_dim, n_rot, mode, scaled, kv_len, n_splits
+):
+    run_normed_decode(rng, stream, dev, n_heads, n_kv_heads, head_dim, n_rot, mode, scaled, kv_len, n_splits, 0)
+
+
+@pytest.mark.parametrize("n_splits", [1, 16, 64])
+@pytest.mark.parametrize(("kv_len", "window"), [(1, 512), (100, 512), (512, 512), (513, 512), (4097, 512), (2049, 33)])
+@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim", "n_rot", "mode", "scaled"), CASES[:2])
+def test_decode_attention_norms_the_newest_k_under_a_sliding_window(
+    rng, stream, dev, n_heads, n_kv_heads, head_dim, n_rot, mode, scaled, kv_len, window, n_splits
+):
+    """The window moves the splits' first row, not the newest one: it stays in the last active split's block."""
+    run_normed_decode(rng, stream, dev, n_heads, n_kv_heads, head_dim, n_rot, mode, scaled, kv_len, n_splits, window)
+
+
+def test_decode_attention_norms_nothing_when_n_rot_is_0(rng, stream, dev):
+    """n_rot 0: the heads are normed and not rotated (inv_freq may then be None)."""
+    run_normed_decode(rng, stream, dev, 16, 8, 128, 0, kernels.ROPE_NEOX, False, 300, 16, 0)
+
+
+def test_normed_decode_attention_refuses_what_it_cannot_run(stream):
+    p, h = mk.DeviceBuffer(1 << 12).ptr, stream.handle
+    shape = (p, p, p, p, p, p, 4, 2, 64, 16, 0.125, 0, 4)
+    refused = r"launch_attention_decode_f32 refused "
+    with pytest.raises(ValueError, match=refused + ".*q_norm and k_norm go together"):
+        kernels.attention_decode_f32(*shape, p, None, EPS, 64, p, 1.0, kernels.ROPE_NEOX, h)
+    with pytest.raises(ValueError, match=refused + ".*q_norm and k_norm go together"):
+        kernels.attention_decode_f32(*shape, None, p, EPS, 64, p, 1.0, kernels.ROPE_NEOX, h)
+    with pytest.raises(ValueError, match=refused + ".*mode must be"):
+        kernels.attention_decode_f32(*shape, p, p, EPS, 64, p, 1.0, 1, h)
+    for n_rot in (63, 96, -2):
+        with pytest.raises(ValueError, match=refused + ".*n_rot must be even"):
+            kernels.attention_decode_f32(*shape, p, p, EPS, n_rot, p, 1.0, kernels.ROPE_NEOX, h)
+    with pytest.raises(ValueError, match=refused + ".*inv_freq must be given"):
+        kernels.attention_decode_f32(*shape, p, p, EPS, 64, None, 1.0, kernels.ROPE_NEOX, h)
+    mk.sync(h)  # nothing reached CUDA
