@@ -43,10 +43,10 @@ SPECS = {
         rope_freq_factors=tuple(float(f) for f in np.geomspace(1.0, 8.0, 32)),
     ),
     # The families beyond llama's layer: per-head q/k norms (qwen3, gemma3: the QKV kernel without rotation,
-    # then head_norm_rope_f32), Gemma's scaled embeddings, sandwich norms, GELU (gemv_geglu in decode), a
-    # 16-row window on 5 layers of 6 (the 64-token prompts cross it) with its local RoPE, soft-capped logits;
-    # Phi's fused q|k|v and gate|up, partial rotary dims, a window on every layer, LongRoPE past its original
-    # context (ctx_size 512 > 256).
+    # then decode attention norming and rotating q and k), Gemma's scaled embeddings, sandwich norms, GELU
+    # (gemv_geglu in decode), a 16-row window on 5 layers of 6 (the 64-token prompts cross it) with its local
+    # RoPE, soft-capped logits; Phi's fused q|k|v and gate|up, partial rotary dims, a window on every layer,
+    # LongRoPE past its original context (ctx_size 512 > 256).
     # Their vocabularies are cut to 32768 rows, still past the 16384 from which the output head takes its own
     # kernel path: with 151936 and 262144 rows the CPU side's head made a test take minutes (17 s against 1 s
     # per prompt on 2 cores); "qwen2" keeps a whole 151936-row head.

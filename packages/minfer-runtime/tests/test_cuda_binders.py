@@ -57,18 +57,20 @@ def test_every_launch_names_exactly_its_launchers_parameters(preset, n_tokens):
     config = scaled(preset, n_layers=6, final_logit_softcap=30.0 if preset.startswith("gemma3") else 0.0).config()
     graph = fuse(build_graph(config, n_tokens, 128), lambda name: int(mk.GGMLType.Q8_0))
     binding = FakeBinding()
-    kernels = set()
+    kernels, head_normed = set(), set()
     for node in graph.nodes:
         for launch in BINDERS[node.op](binding, node):
             kernels.add(launch.kernel.__name__)
             assert sorted(launch.args) == sorted(parameters(launch.kernel)), f"{node.name}: {launch.kernel.__name__}"
+            if launch.args.get("q_norm") is not None:
+                head_normed.add(launch.kernel.__name__)
     fused = {op.value for op in FusedOp} & {node.op.value for node in graph.nodes}
     assert fused, "the lowering fused nothing"
     # One token: separate q, k and v products go through the fused QKV kernel; where each head of q and k is
-    # normed before RoPE, head_norm_rope_f32 norms and rotates them after it; Gemma's GELU gate is gemv_geglu.
+    # normed before RoPE, attention_decode_f32 norms and rotates them after it; Gemma's GELU gate is gemv_geglu.
     decode = n_tokens == 1
     assert ("gemv_qkv_rope_store" in kernels) == (decode and not config.fused_qkv)
-    assert ("head_norm_rope_f32" in kernels) == (decode and config.qk_norm)
+    assert head_normed == ({"attention_decode_f32"} if decode and config.qk_norm else set())
     assert ("gemv_geglu" in kernels) == (decode and config.activation == "gelu")
 
 
@@ -109,6 +111,30 @@ def test_decode_attention_is_cut_into_about_a_block_an_sm():
     node = next(n for n in decode.nodes if n.op is Op.ATTENTION)
     (launch,) = BINDERS[node.op](FakeBinding(), node)
     assert launch.kernel is mk.kernels.attention_decode_f32 and launch.args["n_splits"] == 16
+
+
+def test_a_qk_norm_decode_attention_launch_norms_and_rotates_q_and_k_itself():
+    """Qwen3's one-token attention: the fused node passes its norm weights, their epsilon and the rotation to
+    attention_decode_f32, and the graph's workspace holds its split results as any decode attention's."""
+    config = scaled("qwen3-0.6b", n_layers=1).config()
+    q8 = every_weight(mk.GGMLType.Q8_0)
+    decode = fuse(build_graph(config, 1, 1024), q8)
+    node = next(n for n in decode.nodes if n.op is FusedOp.ATTENTION_DECODE)
+    binding = FakeBinding()
+    (launch,) = BINDERS[node.op](binding, node)
+    assert launch.kernel is mk.kernels.attention_decode_f32
+    named = dict(zip(node.params["args"], node.inputs, strict=True))
+    for arg in ("q", "k_cache", "v_cache", "kv_len", "q_norm", "k_norm", "inv_freq"):
+        assert launch.args[arg] == binding.ptr(named[arg]), arg
+    mode = mk.kernels.ROPE_NEOX if config.rope.neox else mk.kernels.ROPE_NORMAL
+    assert (launch.args["head_eps"], launch.args["n_rot"], launch.args["mode"]) == (
+        config.rms_eps,
+        config.rope.n_rot,
+        mode,
+    )
+    splits = decode_attention_splits(config.n_kv_heads, 132)
+    needs = mk.kernels.attention_decode_workspace_bytes(config.n_heads, config.head_dim, splits)
+    assert graph_workspace_bytes(decode.nodes, 132, q8) == needs
 
 
 def test_a_prompts_attention_splits_on_the_caches_rows_into_the_graphs_workspace():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import minfer
-from minfer.backends.cpu import OPS, CpuBackend, CpuCompiledGraph, rms_norm, rope_inplace
+from minfer.backends.cpu import OPS, CpuBackend, CpuCompiledGraph, attention, rms_norm, rope_inplace
 from minfer.backends.cuda.fuse import FusedOp, fuse, matmul_kernel
 from minfer.gguf_file import GGUFFile
 from minfer.graph.ir import Graph, Node, Op, Tensor, TensorKind
@@ -134,36 +134,41 @@ def test_gate_and_up_of_different_types_stay_separate_matmuls():
 
 
 # A decode layer of the families that norm each head of q and k before RoPE: the QKV kernel rotating nothing,
-# then head_norm_rope_f32; Gemma 3's sandwich norms keep its output products and residual adds apart.
+# then the attention that norms and rotates q and k itself; Gemma 3's sandwich norms keep its output products and
+# residual adds apart.
 QK_NORM_LAYERS = {
-    "tiny-qwen3": [FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, *FUSED_LAYER[1:]],
+    "tiny-qwen3": [FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.ATTENTION_DECODE, *FUSED_LAYER[2:]],
     "tiny-gemma3": [
-        FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.HEAD_NORM_ROPE, Op.ATTENTION, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
+        FusedOp.GEMV_QKV_ROPE_STORE, FusedOp.ATTENTION_DECODE, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
         FusedOp.GEMV_GEGLU, Op.MATMUL, FusedOp.RMS_NORM_ADD_F32,
     ],
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", sorted(QK_NORM_LAYERS))
-def test_a_qk_norm_decode_layer_is_the_qkv_kernel_then_the_head_norm_kernel(preset):
+def test_a_qk_norm_decode_layer_is_the_qkv_kernel_then_the_attention_that_norms_q_and_k(preset):
     config = PRESETS[preset].config()
     graph = lowered(preset, 1)
     layers = [[node.op for node in graph.nodes if node.name.startswith(f"blk.{i}.")] for i in range(config.n_layers)]
     assert layers == [QK_NORM_LAYERS[preset]] * config.n_layers
     first = next(i for i, node in enumerate(graph.nodes) if node.name.startswith("blk.0."))
-    qkv, head_norm = graph.nodes[first : first + 2]
+    qkv, attention_node = graph.nodes[first : first + 2]
     assert qkv.name == "blk.0.attn_norm+attn_q+attn_k+attn_v+kv_store"
     assert qkv.params["args"] == ("x", "norm_weight", "wq", "wk", "wv", "positions")  # no inv_freq: no rotation
     assert qkv.params["rope_dim"] == 0 and qkv.output.name == "blk.0.attn_q"
     assert [t.name for t in qkv.writes] == ["cache_k.0", "cache_v.0"]
-    assert head_norm.name == "blk.0.attn_q_norm+rope_q+attn_k_norm+rope_k"
-    assert head_norm.params["args"] == ("q", "q_norm", "k_norm", "positions", "inv_freq")
-    assert [t.name for t in head_norm.inputs[:3]] == [qkv.output.name, *(f"blk.0.attn_{p}_norm.weight" for p in "qk")]
-    assert head_norm.inplace_input == 0 and head_norm.output.name == "blk.0.rope_q"
-    assert [t.name for t in head_norm.writes] == ["cache_k.0"]  # k normed and rotated in its cache row
-    assert head_norm.params["rope_dim"] == config.rope.n_rot and head_norm.params["eps"] == config.rms_eps
+    assert attention_node.name == "blk.0.attn_q_norm+rope_q+attn_k_norm+rope_k+attention"
+    assert attention_node.params["args"] == (
+        "q", "k_cache", "v_cache", "positions", "kv_len", "q_norm", "k_norm", "inv_freq",
+    )  # fmt: skip
+    assert [t.name for t in attention_node.inputs[:3]] == [qkv.output.name, "cache_k.0", "cache_v.0"]
+    assert [t.name for t in attention_node.inputs[5:7]] == [f"blk.0.attn_{p}_norm.weight" for p in "qk"]
+    assert attention_node.inplace_input is None and attention_node.output.name == "blk.0.attention"
+    assert [t.name for t in attention_node.writes] == ["cache_k.0"]  # k normed and rotated in its cache row
+    p = attention_node.params
+    assert p["rope_dim"] == config.rope.n_rot and p["eps"] == config.rms_eps and p["head_dim"] == config.head_dim
     # Gemma 3's sliding-window layers turn by their own table, its global layers by the other.
-    tables = {n.inputs[4].name for n in graph.nodes if n.op is FusedOp.HEAD_NORM_ROPE}
+    tables = {n.inputs[7].name for n in graph.nodes if n.op is FusedOp.ATTENTION_DECODE}
     assert tables == ({"rope.inv_freq", "rope.inv_freq_local"} if preset == "tiny-gemma3" else {"rope.inv_freq"})
     assert {t.name for t in graph.weights()} == {t.name for t in build_graph(config, 1, 64).weights()}
 
@@ -228,12 +233,12 @@ def changed_layer_0(graph: Graph, change: str) -> Graph:
 
 @pytest.mark.parametrize("change", ["k not normed", "eps of its own", "q normed as a whole row"])
 def test_q_and_k_norms_the_head_norm_kernel_cannot_run_leave_the_projections_unfused(change):
-    """Norms of q and k that head_norm_rope_f32 does not compute (one of them missing, two epsilons, a weight
+    """Norms of q and k that the normed attention does not compute (one of them missing, two epsilons, a weight
     longer than a head): layer 0 keeps its primitive nodes, the other layers and rules are as ever."""
     config = PRESETS["tiny-qwen3"].config()
     graph = fuse(changed_layer_0(build_graph(config, 1, 64), change), one_type)
     layer_0 = [node.op for node in graph.nodes if node.name.startswith("blk.0.")]
-    assert FusedOp.GEMV_QKV_ROPE_STORE not in layer_0 and FusedOp.HEAD_NORM_ROPE not in layer_0
+    assert FusedOp.GEMV_QKV_ROPE_STORE not in layer_0 and FusedOp.ATTENTION_DECODE not in layer_0
     assert layer_0[:4] == [Op.RMS_NORM, Op.MATMUL, Op.MATMUL, Op.MATMUL] and Op.KV_STORE in layer_0
     assert layer_0[-3:] == FUSED_LAYER[2:]
     layer_1 = [node.op for node in graph.nodes if node.name.startswith("blk.1.")]
@@ -276,23 +281,28 @@ class FusedCpuGraph(CpuCompiledGraph):
         h = np.empty_like(parts["x"])
         rms_norm(parts["x"], parts["norm_weight"], p["eps"], h)
         q, k, v = (h @ parts[f"w{name}"].T + parts.get(f"b{name}", 0) for name in "qkv")
-        if p["rope_dim"]:  # 0: head_norm_rope_f32 rotates them
+        if p["rope_dim"]:  # 0: attention_decode_f32 rotates them
             rope = (p["head_dim"], p["rope_dim"], parts["inv_freq"], p["mscale"], p["neox"])
             rope_inplace(q, parts["positions"], p["n_heads"], *rope)
             rope_inplace(k, parts["positions"], p["n_kv_heads"], *rope)
         self.kv_store(node, [k, v, parts["positions"]], None)
         out[...] = q
 
-    def head_norm_rope_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+    def attention_decode_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
+        """q normed and rotated (q itself stays raw), the same of k in its cache row, then the attention."""
         parts = dict(zip(node.params["args"], ins, strict=True))
         p, positions = node.params, parts["positions"]
         cache_k = self.array(node.writes[0])
-        k = cache_k[positions]
+        q, k = parts["q"].copy(), cache_k[positions]
         rope = (p["head_dim"], p["rope_dim"], parts["inv_freq"], p["mscale"], p["neox"])
-        for x, weight, n_heads in ((out, parts["q_norm"], p["n_heads"]), (k, parts["k_norm"], p["n_kv_heads"])):
-            rms_norm(x, weight, p["eps"], x)  # out holds q: aliased or staged
+        for x, weight, n_heads in ((q, parts["q_norm"], p["n_heads"]), (k, parts["k_norm"], p["n_kv_heads"])):
+            rms_norm(x, weight, p["eps"], x)
             rope_inplace(x, positions, n_heads, *rope)
         cache_k[positions] = k
+        attention(
+            q, cache_k, parts["v_cache"], positions, int(parts["kv_len"][0]), p["n_heads"], p["n_kv_heads"],
+            p["head_dim"], p["scale"], p["window"], out,
+        )  # fmt: skip
 
     def swiglu_f32(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
         out[...] = out / (1 + np.exp(-out)) * ins[1]  # out holds the gate

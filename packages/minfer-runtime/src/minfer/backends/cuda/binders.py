@@ -178,18 +178,6 @@ def rope_f32(b: Binding, node: Node) -> list[Launch]:
     )  # fmt: skip
 
 
-def head_norm_rope_f32(b: Binding, node: Node) -> list[Launch]:
-    """In place: q in the output buffer, k in its row of the cache (the node's write)."""
-    check_heads(node)
-    p = node.params
-    (cache_k,) = node.writes
-    return launch(
-        b, mk.kernels.head_norm_rope_f32, **(named_inputs(b, node) | {"q": b.ptr(node.output)}),
-        k_cache=b.ptr(cache_k), n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"],
-        n_rot=p["rope_dim"], mscale=p["mscale"], mode=rope_mode(node), eps=p["eps"], n_ctx=cache_k.shape[0],
-    )  # fmt: skip
-
-
 def embed_rows(b: Binding, node: Node) -> list[Launch]:
     table, tokens = node.inputs
     n_rows, d = table.shape
@@ -304,7 +292,7 @@ def gemv_geglu(b: Binding, node: Node) -> list[Launch]:
 
 
 def gemv_qkv_rope_store(b: Binding, node: Node) -> list[Launch]:
-    """No biases: None for each; rope_dim 0 (head_norm_rope_f32 rotates after the per-head norms): no inv_freq."""
+    """No biases: None for each; rope_dim 0 (attention_decode_f32 rotates after the per-head norms): no inv_freq."""
     check_heads(node)
     p = node.params
     x, _, wq, wk, wv = node.inputs[:5]
@@ -334,7 +322,8 @@ def kv_store_f32(b: Binding, node: Node) -> list[Launch]:
 
 def attention(b: Binding, node: Node) -> list[Launch]:
     """One query token: attention_decode_f32, which reads the KV length from device memory, so the same
-    launch serves every step; more: attention_prefill_f32, causal by position.
+    launch serves every step (an ATTENTION node, or the fused one that norms and rotates q and the newest k row
+    first: decode_head_norm); more: attention_prefill_f32, causal by position.
 
     A prompt's graph is compiled once per token count and run at any depth (the positions and KV length are
     device data), so the host cannot give prefill the rows its last query sees: max_rows is the cache's n_ctx,
@@ -345,7 +334,7 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     p = node.params
     if p["n_heads"] % p["n_kv_heads"]:
         raise refuse(node, "query heads are not a multiple of the KV heads")
-    q, cache_k, cache_v, positions, kv_len = node.inputs
+    q, cache_k, cache_v, positions, kv_len = node.inputs[:5]
     common = dict(
         q=b.ptr(q), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), out=b.ptr(node.output), n_heads=p["n_heads"],
         n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_ctx=cache_k.shape[0], scale=p["scale"],
@@ -354,11 +343,24 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     if q.shape[0] == 1:
         return launch(
             b, mk.kernels.attention_decode_f32, **common, kv_len=b.ptr(kv_len), workspace=b.workspace,
-            n_splits=decode_attention_splits(p["n_kv_heads"], b.multiprocessors),
+            n_splits=decode_attention_splits(p["n_kv_heads"], b.multiprocessors), **decode_head_norm(b, node),
         )  # fmt: skip
     return launch(
         b, mk.kernels.attention_prefill_f32, **common, positions=b.ptr(positions), n_tokens=q.shape[0],
         max_rows=cache_k.shape[0], workspace=b.workspace, workspace_bytes=b.workspace_bytes,
+    )  # fmt: skip
+
+
+def decode_head_norm(b: Binding, node: Node) -> dict[str, object]:
+    """attention_decode_f32's per-head norm arguments: the fused node's norm weights, epsilon and rotation (the
+    newest cache row is the one its positions name, kv_len - 1 in decode); none for a primitive attention."""
+    if node.op is not FusedOp.ATTENTION_DECODE:
+        return dict(q_norm=None, k_norm=None, head_eps=0.0, n_rot=0, inv_freq=None, mscale=1.0,
+                    mode=mk.kernels.ROPE_NORMAL)  # fmt: skip
+    p, named = node.params, named_inputs(b, node)
+    return dict(
+        q_norm=named["q_norm"], k_norm=named["k_norm"], head_eps=p["eps"], n_rot=p["rope_dim"],
+        inv_freq=named["inv_freq"], mscale=p["mscale"], mode=rope_mode(node),
     )  # fmt: skip
 
 
@@ -399,7 +401,7 @@ def graph_workspace_bytes(nodes: list[Node], multiprocessors: int, weight_type: 
             n.params["n_heads"], n.params["head_dim"], decode_attention_splits(n.params["n_kv_heads"], multiprocessors)
         )
         for n in nodes
-        if n.op is Op.ATTENTION and n.inputs[0].shape[0] == 1
+        if n.op in (Op.ATTENTION, FusedOp.ATTENTION_DECODE) and n.inputs[0].shape[0] == 1
     ]
     partials = []
     for node in nodes:
@@ -460,7 +462,7 @@ BINDERS: dict[enum.Enum, Binder] = {
     FusedOp.GEMV_SWIGLU: gemv_swiglu,
     FusedOp.GEMV_GEGLU: gemv_geglu,
     FusedOp.GEMV_QKV_ROPE_STORE: gemv_qkv_rope_store,
-    FusedOp.HEAD_NORM_ROPE: head_norm_rope_f32,
+    FusedOp.ATTENTION_DECODE: attention,
     FusedOp.SWIGLU_F32: swiglu_f32,
     FusedOp.GEGLU_F32: geglu_f32,
     FusedOp.RMS_NORM_ADD_F32: rms_norm_add_f32,

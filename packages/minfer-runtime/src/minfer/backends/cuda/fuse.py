@@ -32,8 +32,8 @@ class FusedOp(enum.Enum):
     GEMV_GEGLU = "gemv_geglu"  # one token: gelu(matmul(h, Wgate)) * matmul(h, Wup), h = rms_norm(x, g)
     GEMV_QKV_ROPE_STORE = "gemv_qkv_rope_store"  # one token: h = rms_norm(x, g); q, k, v = h Wq/Wk/Wv (+ b);
     #                                              rope on q and k (none: rope_dim 0); kv_store of k and v; q out
-    HEAD_NORM_ROPE = "head_norm_rope_f32"  # one token: rope(rms_norm(q, q_norm)) per head, in place into q, and
-    #                                        the same of k (k_norm) in its cache row at positions[0]
+    ATTENTION_DECODE = "attention_decode_f32"  # one token: attention of rope(rms_norm(q, q_norm)) per head over the
+    #                                            cache, whose row at positions[0] gets the same of k (k_norm) first
     SWIGLU_F32 = "swiglu_f32"  # silu(gate) * up, in place into gate
     GEGLU_F32 = "geglu_f32"  # gelu(gate) * up, in place into gate
     RMS_NORM_ADD_F32 = "rms_norm_add_f32"  # y + rms_norm(x, g), in place into y (Gemma's post-block norms)
@@ -211,9 +211,10 @@ def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
     """rms_norm -> three matmuls (-> add_bias each) (-> rms_norm of each head of q and k) -> rope on q and k
     -> kv_store of k and v, one token.
 
-    Where q and k are normed per head before their rope (Qwen3, Gemma 3), two nodes: gemv_qkv_rope_store
-    rotating nothing (a pair in its epilogue cannot see its whole head), then head_norm_rope_f32 norming
-    and rotating q, and k in the cache row it was stored in."""
+    Where q and k are normed per head before their rope (Qwen3, Gemma 3), and the attention reading q is the
+    rope's only reader, two nodes: gemv_qkv_rope_store rotating nothing (a pair in its epilogue cannot see its
+    whole head), then the attention as attention_decode_f32 norming and rotating q, and k in the cache row it
+    was stored in, itself (one launch fewer than a kernel of its own between them)."""
     for norm, matmuls in g.norm_fanouts(3):
         chains = {chain[-1].output.name: chain for chain in map(g.projection_chain, matmuls)}
         store = next((r for chain in chains.values() for r in g.readers.get(chain[-1].output.name, [])
@@ -256,8 +257,13 @@ def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
         # its row's norm too).
         if [n.inputs[1].shape[0] for n in (q_norm, k_norm)] != [rope["head_dim"]] * 2:
             continue
+        # The attention of this step's q over the caches the store wrote, at the store's positions.
+        attention = g.sole_reader(q_rope.output, Op.ATTENTION)
+        if attention is None or [t.name for t in attention.inputs[1:4]] != [*(t.name for t in store.writes),
+                                                                           positions.name]:  # fmt: skip
+            continue
         projections = [norm, *q_chain[:-2], *k_chain[:-2], *v_chain, store]
-        head_norms = [q_norm, q_rope, k_norm, k_rope]
+        head_norms = [q_norm, q_rope, k_norm, k_rope, attention]
         g.replace_by([*projections, *head_norms], [
             fused_node(
                 projections, FusedOp.GEMV_QKV_ROPE_STORE, [*norm.inputs, *weights, positions, *biases],
@@ -265,11 +271,10 @@ def fuse_qkv_rope_store(g: Rewrite, weight_type: WeightType) -> None:
                 params=qkv | rope | {"rope_dim": 0}, writes=store.writes,
             ),
             fused_node(
-                head_norms, FusedOp.HEAD_NORM_ROPE,
-                [q_norm.inputs[0], q_norm.inputs[1], k_norm.inputs[1], positions, inv_freq], q_rope.output,
-                ("q", "q_norm", "k_norm", "positions", "inv_freq"),
-                params=dict(eps=q_norm.params["eps"], n_heads=heads[0], n_kv_heads=heads[1], **rope),
-                inplace_input=0, writes=store.writes[:1],
+                head_norms, FusedOp.ATTENTION_DECODE,
+                [q_norm.inputs[0], *attention.inputs[1:], q_norm.inputs[1], k_norm.inputs[1], inv_freq],
+                attention.output, ("q", "k_cache", "v_cache", "positions", "kv_len", "q_norm", "k_norm", "inv_freq"),
+                params=attention.params | rope | {"eps": q_norm.params["eps"]}, writes=store.writes[:1],
             ),
         ])  # fmt: skip
 
