@@ -124,17 +124,37 @@ struct DecodeHeadNorm {
     int mode;
 };
 
+// A HEAD_NORM block's table for its step, filled before it waits for the previous kernel (none of it depends on
+// that kernel): the norm weights, and each rotated pair's angle at the query's position (rope_angle's: the
+// angles stay bit for bit rope_f32's). The norm and rotation after the wait then read only shared memory
+// besides the head itself.
+template <int HEAD_DIM>
+struct DecodeHeadNormTable {
+    float q_weight[HEAD_DIM];
+    float k_weight[HEAD_DIM];       // loaded only by the block that norms the newest k row (zeros elsewhere)
+    RopeAngle angle[HEAD_DIM / 2];  // pairs p < n_rot / 2, at position kv_len - 1
+};
+
+// The table lives in a function's static shared memory, so that only the HEAD_NORM instantiations, which call
+// this, have it: the others' shared memory, and so their code, stay as they were.
+template <int HEAD_DIM>
+__device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table() {
+    __shared__ DecodeHeadNormTable<HEAD_DIM> table;
+    return table;
+}
+
 // Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
 // kv_head, over one split of the cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
 // (kv_len is read here, so a captured graph serves every step). A split is at least 32 rows, so a short cache is one split and one block per KV
 // head; a long one is cut into gridDim.x splits (of fewer rows than a tile, if that makes them 32 or more).
 //
 // The block walks its split a tile at a time. Every K and V load of a tile is issued first (one memory
-// round trip per tile; the first tile's overlaps staging q in shared memory). Each K row is read once
-// and scored against every query head of the group (q from shared memory); the scores go to shared
-// memory, a warp per head takes the tile's maximum and turns them into weights exp2(score - max) with the
-// online-softmax rescaling; then each thread adds its V rows, weighted, into one float4 accumulator per
-// head. At the end the threads holding the same chunk sum their accumulators through shared memory.
+// round trip per tile; the first tile's overlaps staging q in shared memory, except under HEAD_NORM, below,
+// which stages q before the loop). Each K row is read once and scored against every query head of the group
+// (q from shared memory); the scores go to shared memory, a warp per head takes the tile's maximum and turns
+// them into weights exp2(score - max) with the online-softmax rescaling; then each thread adds its V rows,
+// weighted, into one float4 accumulator per head. At the end the threads holding the same chunk sum their
+// accumulators through shared memory.
 //
 // With one split the block writes the output. With several, each writes its partial state; the last
 // block of a KV head to finish (a counter in the workspace, reset by that block for the next launch)
@@ -142,13 +162,18 @@ struct DecodeHeadNorm {
 //
 // HEAD_NORM (Qwen3, Gemma 3; head_norm's pointers are then set): q and the newest cache row, kv_len - 1, were
 // stored raw by the QKV projection; this launch norms and rotates both (rope.cuh: head_norm_rope) at the
-// query's position kv_len - 1. Every block of a KV head norms its group's q as it stages it in shared memory (a
-// warp a head; q in global memory stays raw). The newest row lies in the last active split alone (the splits
-// cut visible_from .. kv_len - 1 in order, and a tile never reads past its split's end), so only that block
-// reads it: its first warp norms and rotates the KV head's part of the row in place, before any of the block's
-// tiles load it, so this step and every later one read it normed, as if a kernel before had done it. The
-// other KV heads' blocks write other parts of the row (kv_head * HEAD_DIM on). Without HEAD_NORM none of this
-// is compiled: the instantiations the other families run are unchanged.
+// query's position kv_len - 1, keeping what follows the wait for the previous kernel as short as the separate
+// norm kernel's it replaces. Before the wait, the block fills its DecodeHeadNormTable (weights, angles). After
+// it, one phase: a warp a head, the warps load the group's q heads raw from global memory, norm, rotate and
+// scale them into q_scaled (q in global memory stays raw); meanwhile, in the block whose split holds the newest
+// row, the last warp (the one with the fewest q heads, often none) norms and rotates the KV head's part of that
+// row in place. The newest row lies in the last active split alone (the splits cut visible_from .. kv_len - 1
+// in order, and a tile never reads past its split's end), so only that block reads it, and only after a
+// __syncthreads() that follows the in-place write: this step and every later one read it normed, as if a
+// kernel before had done it. The other KV heads' blocks write other parts of the row (kv_head * HEAD_DIM on).
+// The other blocks need no barrier there: q_scaled is read only after the first tile's barrier, and their warps
+// with no q head issue their first tile's loads meanwhile. Without HEAD_NORM none of this is compiled: the
+// instantiations the other families run are unchanged.
 template <int HEAD_DIM, bool HEAD_NORM>
 __global__ void __launch_bounds__(DECODE_THREADS)
     attention_decode(const float* __restrict__ q, float* __restrict__ k_cache, const float* __restrict__ v_cache,
@@ -164,7 +189,9 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     const int lane = threadIdx.x % WARP_SIZE;
     const int first_head = kv_head * group_size;
 
-    // The host writes kv_len before the step; no kernel does, so it may be read before the wait.
+    // The host writes kv_len before the step (or greedy_advance, sample.cu, at the end of the step before: a plain
+    // launch, complete before this graph's first kernel starts); never the kernel this one overlaps, so it may
+    // be read before the wait: the L2 prefetch below and HEAD_NORM's angles use it there.
     const int kv_len = *kv_len_ptr;
     if (kv_len < 1 || kv_len > n_ctx) __trap();
     // The one query is the newest token, at position kv_len - 1: it sees rows visible_from .. kv_len - 1.
@@ -185,17 +212,28 @@ __global__ void __launch_bounds__(DECODE_THREADS)
         prefetch_l2(k_head + at);
         prefetch_l2(v_head + at);
     }
+    // The block whose split ends at the newest row norms that row (see above).
+    const bool norms_k = HEAD_NORM && split == n_active - 1;
+    if constexpr (HEAD_NORM) {
+        // The step's table: weights and angles depend on no kernel, so their loads and the angles' double
+        // arithmetic and sincosf run while the previous kernel finishes. Thread i loads weight i of each norm
+        // and pair i's frequency, the three loads in flight at once.
+        static_assert(HEAD_DIM <= DECODE_THREADS, "a thread a weight");
+        const int i = threadIdx.x;
+        const bool holds_weight = i < HEAD_DIM, holds_pair = i < head_norm.n_rot / 2;
+        const float q_weight = holds_weight ? head_norm.q_norm[i] : 0.0f;
+        const float k_weight = holds_weight && norms_k ? head_norm.k_norm[i] : 0.0f;
+        const double frequency = holds_pair ? head_norm.inv_freq[i] : 0.0;
+        DecodeHeadNormTable<HEAD_DIM>& table = decode_head_norm_table<HEAD_DIM>();
+        if (holds_weight) {
+            table.q_weight[i] = q_weight;
+            table.k_weight[i] = k_weight;  // read only where norms_k
+        }
+        if (holds_pair) table.angle[i] = rope_angle(kv_len - 1, frequency, head_norm.mscale);
+        __syncthreads();  // the table is filled before any warp reads it
+    }
     wait_for_previous_kernel();
     allow_next_kernel();
-    if constexpr (HEAD_NORM) {
-        if (split == n_active - 1) {  // the block whose split ends at the newest row (see above)
-            if (warp == 0)
-                head_norm_rope<HEAD_DIM>(k_head + std::size_t(kv_len - 1) * kv_dim, head_norm.k_norm, head_norm.eps,
-                                         kv_len - 1, head_norm.n_rot, head_norm.inv_freq, head_norm.mscale,
-                                         head_norm.mode, 1.0f);
-            __syncthreads();  // the row is written before the tiles load it (plain loads: no stale cached copy)
-        }
-    }
 
     __shared__ __align__(16) float4 q_scaled[DECODE_MAX_GROUP * ROW_CHUNKS];
     __shared__ float weights[DECODE_MAX_GROUP][Tile::ROWS];  // a tile's scores, then its softmax weights
@@ -204,6 +242,24 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     if (threadIdx.x < DECODE_MAX_GROUP) {
         running_max[threadIdx.x] = -INFINITY;
         denominator[threadIdx.x] = 0.0f;
+    }
+    if constexpr (HEAD_NORM) {
+        // The one phase after the wait (see above): q heads global -> registers -> q_scaled, the newest row in
+        // place, at once. The row's warp norms it before its own q heads: the row gates the tiles' loads.
+        const DecodeHeadNormTable<HEAD_DIM>& table = decode_head_norm_table<HEAD_DIM>();
+        if (norms_k && warp == DECODE_WARPS - 1) {
+            float* newest = k_head + std::size_t(kv_len - 1) * kv_dim;
+            head_norm_rope<HEAD_DIM>(newest, newest, table.k_weight, table.angle, head_norm.eps, head_norm.n_rot,
+                                     head_norm.mode, 1.0f);
+        }
+        float* q_heads = reinterpret_cast<float*>(q_scaled);
+        for (int h = warp; h < group_size; h += DECODE_WARPS)
+            head_norm_rope<HEAD_DIM>(q + std::size_t(first_head + h) * HEAD_DIM, q_heads + h * HEAD_DIM,
+                                     table.q_weight, table.angle, head_norm.eps, head_norm.n_rot, head_norm.mode,
+                                     score_scale);
+        // The row is written before the tiles load it: the block's own global writes are visible to its loads
+        // after the barrier (plain loads, not the read-only cache: no stale cached copy).
+        if (norms_k) __syncthreads();
     }
 
     const int slice = lane % DECODE_LANES_PER_ROW;
@@ -227,21 +283,12 @@ __global__ void __launch_bounds__(DECODE_THREADS)
             const int row = min(tile + v_group + i * Tile::ROW_GROUPS, end - 1);
             v[i] = reinterpret_cast<const float4*>(v_head + std::size_t(row) * kv_dim)[v_chunk];
         }
-        if (tile == first) {
+        if (!HEAD_NORM && tile == first) {  // HEAD_NORM staged q before the loop
             const float4* q_group = reinterpret_cast<const float4*>(q) + std::size_t(first_head) * ROW_CHUNKS;
             for (int i = threadIdx.x; i < group_size * ROW_CHUNKS; i += DECODE_THREADS) {
                 const float4 value = q_group[i];
-                q_scaled[i] = HEAD_NORM ? value
-                                        : make_float4(value.x * score_scale, value.y * score_scale,
-                                                      value.z * score_scale, value.w * score_scale);
-            }
-            if constexpr (HEAD_NORM) {
-                __syncthreads();  // the group's raw q is staged: a warp a head norms, rotates and scales it there
-                float* q_heads = reinterpret_cast<float*>(q_scaled);
-                for (int h = warp; h < group_size; h += DECODE_WARPS)
-                    head_norm_rope<HEAD_DIM>(q_heads + h * HEAD_DIM, head_norm.q_norm, head_norm.eps, kv_len - 1,
-                                             head_norm.n_rot, head_norm.inv_freq, head_norm.mscale, head_norm.mode,
-                                             score_scale);
+                q_scaled[i] = make_float4(value.x * score_scale, value.y * score_scale, value.z * score_scale,
+                                          value.w * score_scale);
             }
         }
         __syncthreads();  // q is staged, and the previous tile's V pass is done with `weights`
@@ -1079,8 +1126,9 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, float* k_cach
     auto* partial_acc = reinterpret_cast<float4*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
     auto* partial_stats = reinterpret_cast<float2*>(partial_acc + std::size_t(n_heads) * n_splits * (head_dim / 4));
     // grid.x: the split of the cache rows (fixed here, so a captured graph is valid for every kv_len; the
-    // splits a short cache does not need return at once); grid.y: the KV head. Block: 256 threads that
-    // share the split's rows among them (see DecodeTile).
+    // splits a short cache does not need return at once; with the head norms, the last active one's block also
+    // norms the KV head's part of the newest row); grid.y: the KV head. Block: 256 threads that share the
+    // split's rows among them (see DecodeTile), and with the head norms a warp a q head of the group.
     const dim3 grid(n_splits, n_kv_heads);
     const int kv_dim = n_kv_heads * head_dim;
     const auto kernel = head_norm ? decode_kernel<true>(head_dim) : decode_kernel<false>(head_dim);

@@ -1,6 +1,7 @@
 // The rotary position embedding of one pair of dimensions, shared by the RoPE kernel (rope.cu), the QKV
 // projection that rotates in its epilogue (gemv.cu) and decode attention that norms and rotates q and the newest
-// k itself (attention.cu: head_norm_rope), so all of them rotate bit for bit alike.
+// k itself (attention.cu, with head_norm_rope below, its angles computed here too), so all of them rotate bit for
+// bit alike.
 //
 // Pair p (0 <= p < n_rot / 2) of a head at position `position` is rotated by the angle
 //     theta = position * inv_freq[p],
@@ -51,17 +52,20 @@ __device__ __forceinline__ void rope_rotate(float& a, float& b, RopeAngle angle)
 }
 
 // The families that RMS-norm every head of q and k before RoPE (Qwen3, Gemma 3: attn_q_norm and attn_k_norm,
-// weights one head long): one warp turns one head x of HEAD_DIM values, in place, into
+// weights one head long): one warp turns one head x of HEAD_DIM values into y,
 //     x[i] / sqrt(mean(x^2) + eps) * weight[i]     (rms_norm_f32's norm, norm.cu, over the head's values)
-// rotated at `position` as rope_f32 rotates (pairs p < n_rot / 2; the dimensions from n_rot on stay as they
-// are), then times `scale` (decode attention's score scale on q; 1 on k, which changes no bit). The weights
-// are applied as the file stores them: for Gemma, llama.cpp's converter already wrote 1 + w, as the CPU
-// reference (backends/cpu.py: rms_norm) reads them too. A lane holds the pairs lane, lane + 32, ..., both
-// dimensions of each (rope_f32's in the rotated part, adjacent ones past it), so it norms and rotates them
-// without exchanging values; the head's sum of squares is a warp_sum. x may be in shared or global memory.
+// rotated as rope_f32 rotates (pairs p < n_rot / 2, by angle[p]: rope_angle's at the head's position; the
+// dimensions from n_rot on stay as they are), then times `scale` (decode attention's score scale on q; 1 on k,
+// which changes no bit). The weights are applied as the file stores them: for Gemma, llama.cpp's converter
+// already wrote 1 + w, as the CPU reference (backends/cpu.py: rms_norm) reads them too. A lane holds the pairs
+// lane, lane + 32, ..., both dimensions of each (rope_f32's in the rotated part, adjacent ones past it), so it
+// norms and rotates them without exchanging values; the head's sum of squares is a warp_sum. The weights and
+// angles are the caller's table (decode: in shared memory, filled before it waits for the previous kernel), so
+// what remains is x's loads, a warp_sum and y's stores: no other memory round trip once x is there. y may be x
+// (in place: a lane stores only what it loaded itself, after the warp_sum that needs every load).
 template <int HEAD_DIM>
-__device__ __forceinline__ void head_norm_rope(float* x, const float* weight, float eps, int position, int n_rot,
-                                               const double* inv_freq, float mscale, int mode, float scale) {
+__device__ __forceinline__ void head_norm_rope(const float* x, float* y, const float* weight, const RopeAngle* angle,
+                                               float eps, int n_rot, int mode, float scale) {
     constexpr int N_PAIRS = HEAD_DIM / 2;
     constexpr int PAIRS_PER_LANE = ceil_div(N_PAIRS, WARP_SIZE);
     const int lane = threadIdx.x % WARP_SIZE;
@@ -87,9 +91,9 @@ __device__ __forceinline__ void head_norm_rope(float* x, const float* weight, fl
         const int p = lane + i * WARP_SIZE;
         if (p >= N_PAIRS) continue;
         float u = a[i] * inv_rms * weight[first[i]], v = b[i] * inv_rms * weight[second[i]];
-        if (p < half_rot) rope_rotate(u, v, rope_angle(position, inv_freq[p], mscale));
-        x[first[i]] = u * scale;
-        x[second[i]] = v * scale;
+        if (p < half_rot) rope_rotate(u, v, angle[p]);
+        y[first[i]] = u * scale;
+        y[second[i]] = v * scale;
     }
 }
 
