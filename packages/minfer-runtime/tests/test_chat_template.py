@@ -29,6 +29,7 @@ from minfer.chat_template import (
     RENDER_SECONDS,
     ChatTemplate,
 )
+from minfer.chat_template_builtins import GEMMA
 from minfer.errors import TemplateError
 from minfer.gguf_file import GGUFFile
 from minfer.testing.vocab import add_tokenizer_metadata
@@ -506,49 +507,9 @@ GEMMA_2 = (
     "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
 
-# google/gemma-3-4b-it: the system message prefixed to the first user turn, image parts, alternation.
-GEMMA_3 = (
-    "{{ bos_token }}\n"
-    "{%- if messages[0]['role'] == 'system' -%}\n"
-    "    {%- if messages[0]['content'] is string -%}\n"
-    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
-    "    {%- else -%}\n"
-    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
-    "    {%- endif -%}\n"
-    "    {%- set loop_messages = messages[1:] -%}\n"
-    "{%- else -%}\n"
-    '    {%- set first_user_prefix = "" -%}\n'
-    "    {%- set loop_messages = messages -%}\n"
-    "{%- endif -%}\n"
-    "{%- for message in loop_messages -%}\n"
-    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
-    "    {%- endif -%}\n"
-    "    {%- if (message['role'] == 'assistant') -%}\n"
-    '        {%- set role = "model" -%}\n'
-    "    {%- else -%}\n"
-    "        {%- set role = message['role'] -%}\n"
-    "    {%- endif -%}\n"
-    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
-    "    {%- if message['content'] is string -%}\n"
-    "        {{ message['content'] | trim }}\n"
-    "    {%- elif message['content'] is iterable -%}\n"
-    "        {%- for item in message['content'] -%}\n"
-    "            {%- if item['type'] == 'image' -%}\n"
-    "                {{ '<start_of_image>' }}\n"
-    "            {%- elif item['type'] == 'text' -%}\n"
-    "                {{ item['text'] | trim }}\n"
-    "            {%- endif -%}\n"
-    "        {%- endfor -%}\n"
-    "    {%- else -%}\n"
-    '        {{ raise_exception("Invalid content type") }}\n'
-    "    {%- endif -%}\n"
-    "    {{ '<end_of_turn>\n' }}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "    {{'<start_of_turn>model\n'}}\n"
-    "{%- endif -%}\n"
-)
+# google/gemma-3-4b-it's template (the system message prefixed to the first user turn, image parts, alternation) is
+# the builtin `gemma`, word for word.
+GEMMA_3 = GEMMA
 
 TOOLS = [
     {
