@@ -1,40 +1,63 @@
 #!/usr/bin/env bash
-# A same-call before/after benchmark on a GPU machine: docs/PERFORMANCE.md's rule for every optimisation.
+# A same-call benchmark of several trees on a GPU machine: docs/PERFORMANCE.md's rule for every optimisation.
 #
-#   tools/gpu-ab.sh prepare REV   here: the packages of git revision REV into .device/base (ignored), to be
-#                                 carried to the GPU machine beside the working tree (the device tool's carry)
-#   tools/gpu-ab.sh run           there: build REV's packages into /tmp/base-site and this tree's into the
-#                                 environment, then alternate `minfer bench` between the two, round by round
+#   tools/gpu-ab.sh prepare REV [REV...]   here: the packages of each git revision into .device/ab/NAME
+#                                          (ignored; NAME is REV with / as -), to be carried to the GPU machine
+#                                          beside the working tree (the device tool's carry: the one path
+#                                          .device/ab); the first REV is the baseline every change is against
+#   tools/gpu-ab.sh run                    there: build each prepared revision's packages into /tmp/ab-site/NAME
+#                                          and this tree's into the environment, all at once, then alternate
+#                                          `minfer bench` between the trees round by round, each round starting
+#                                          one tree later
 #
-# Knobs of `run`: MINFER_AB_TYPES (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M),
-# MINFER_AB_PRESET (their shapes, default qwen2.5-0.5b), MINFER_AB_MODELS (GGUF files to bench instead of the
-# synthetic models: llama-quantize's presets that tools/bench-vs-llamacpp.sh leaves in its WORKDIR, say),
-# MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
+# So one call measures several candidate branches against one baseline (this tree one of them, named "this").
+# Knobs of `run`: MINFER_AB_TREES (the prepared trees that take part, by NAME, default all), MINFER_AB_TYPES
+# (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M), MINFER_AB_PRESET (their shapes, default
+# qwen2.5-0.5b), MINFER_AB_MODELS (GGUF files to bench instead of the synthetic models: llama-quantize's presets
+# that tools/bench-vs-llamacpp.sh leaves in its WORKDIR, say), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
 # default 10), MINFER_AB_ARGS (more bench flags, default -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu
 # builds no kernels), MINFER_CUDA_ARCHS (default native), PYTHON (default python3). Wheels in ./.whl/ are installed
 # first, as tools/gpu-check.sh does. Logs and the table: $OUT when the device tool runs this, else build/gpu-ab.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-BASE=.device/base
+TREES=.device/ab
 
 if [ "${1:-}" = prepare ]; then
-    rev=${2:?usage: tools/gpu-ab.sh prepare REV}
-    # The packages without their tests (the runtime's fixtures are most of its bytes): the carry is 64 MiB a call.
-    rm -rf "$BASE" && mkdir -p "$BASE" && git archive "$rev" -- packages ':(exclude)packages/*/tests/*' \
-        | tar -x -C "$BASE" || exit 1
-    git rev-parse "$rev" > "$BASE/REVISION"
-    echo "gpu-ab: $(cat "$BASE/REVISION") in $BASE; carry .device to the GPU machine and run: tools/gpu-ab.sh run"
+    shift
+    [ $# -ge 1 ] || { echo "usage: tools/gpu-ab.sh prepare REV [REV...]" >&2; exit 2; }
+    rm -rf "$TREES" && mkdir -p "$TREES" || exit 1
+    for rev in "$@"; do
+        name=${rev//\//-}
+        [ "$name" != this ] || { echo "gpu-ab: 'this' names the working tree, not a revision" >&2; exit 2; }
+        [ ! -e "$TREES/$name" ] || { echo "gpu-ab: $rev is given twice" >&2; exit 2; }
+        # The packages without their tests (the runtime's fixtures are most of its bytes): the carry is 64 MiB a call.
+        mkdir -p "$TREES/$name" && git archive "$rev" -- packages ':(exclude)packages/*/tests/*' \
+            | tar -x -C "$TREES/$name" || exit 1
+        git rev-parse "$rev" > "$TREES/$name/REVISION" || exit 1
+        echo "$name" >> "$TREES/ORDER"
+        echo "gpu-ab: $rev ($(cut -c1-12 "$TREES/$name/REVISION")) in $TREES/$name"
+    done
+    echo "gpu-ab: baseline $1; carry $TREES to the GPU machine and run: tools/gpu-ab.sh run"
     exit 0
 fi
 if [ "${1:-}" != run ]; then
-    echo "usage: tools/gpu-ab.sh prepare REV | run" >&2
+    echo "usage: tools/gpu-ab.sh prepare REV [REV...] | run" >&2
     exit 2
 fi
-if [ ! -f "$BASE/REVISION" ]; then
-    echo "gpu-ab: no $BASE/REVISION: run 'tools/gpu-ab.sh prepare REV' on the checkout first" >&2
+if [ ! -f "$TREES/ORDER" ]; then
+    echo "gpu-ab: no $TREES/ORDER: run 'tools/gpu-ab.sh prepare REV [REV...]' on the checkout first" >&2
     exit 1
 fi
+# The prepared trees that take part, in prepare's order (the first is the baseline), then this tree.
+NAMES=()
+while read -r name; do
+    if [ -z "${MINFER_AB_TREES:-}" ] || [[ " $MINFER_AB_TREES " == *" $name "* ]]; then NAMES+=("$name"); fi
+done < "$TREES/ORDER"
+for name in ${MINFER_AB_TREES:-}; do
+    [ -f "$TREES/$name/REVISION" ] || { echo "gpu-ab: MINFER_AB_TREES: no prepared tree $name in $TREES" >&2; exit 1; }
+done
+NAMES+=(this)
 
 # shellcheck disable=SC2206 # MINFER_AB_MODELS is a list of paths
 MODELS=(${MINFER_AB_MODELS:-})
@@ -54,40 +77,49 @@ fi
 BACKEND=${MINFER_AB_BACKEND:-cuda}
 PACKAGES="./packages/minfer-runtime"
 [ "$BACKEND" = cuda ] && PACKAGES="./packages/minfer-kernels $PACKAGES"
-# shellcheck disable=SC2086 # PACKAGES is a list of paths
-"$PYTHON" -m pip install -q --no-build-isolation --no-deps $PACKAGES > "$LOGS/build-after.log" 2>&1 \
-    || { tail -30 "$LOGS/build-after.log"; exit 1; }
-# The synthetic models that are not there yet are written at once, one process a type (each a single core's numpy
-# for 15-60 s), while REV's packages install.
-WRITERS=()
+
+# Every tree builds at once, each in a CMake folder of its own where SKBUILD_BUILD_DIR keeps this tree's (one CMake
+# folder serves one source); the synthetic models that are not there yet are written meanwhile, one process a type
+# (each a single core's numpy for 15-60 s).
+JOBS=()
+build() {  # build NAME: a tree's packages, this tree's into the environment, a prepared one's into its site
+    local name=$1
+    if [ "$name" = this ]; then
+        # shellcheck disable=SC2086 # PACKAGES is a list of paths
+        "$PYTHON" -m pip install -q --no-build-isolation --no-deps $PACKAGES
+    else
+        local build_dir=()
+        [ -n "${SKBUILD_BUILD_DIR:-}" ] && build_dir=(env "SKBUILD_BUILD_DIR=$SKBUILD_BUILD_DIR-$name")
+        # shellcheck disable=SC2086
+        (cd "$TREES/$name" && "${build_dir[@]}" "$PYTHON" -m pip install -q --no-build-isolation --no-deps --upgrade \
+            --target "/tmp/ab-site/$name" $PACKAGES)
+    fi
+}
+for name in "${NAMES[@]}"; do
+    build "$name" > "$LOGS/build-$name.log" 2>&1 &
+    JOBS+=("$!:build-$name")
+done
 if [ -z "${MINFER_AB_MODELS:-}" ]; then
     mkdir -p /tmp/minfer-bench
     for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
         model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
         MODELS+=("$model")
         [ -f "$model" ] && continue
-        "$PYTHON" -m minfer.testing.synthetic "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" \
-            --weight-type "$weight_type" > "$LOGS/synthetic-$weight_type.log" 2>&1 &
-        WRITERS+=("$!:$weight_type")
+        PYTHONPATH=packages/minfer-runtime/src${PYTHONPATH:+:$PYTHONPATH} "$PYTHON" -m minfer.testing.synthetic \
+            "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" --weight-type "$weight_type" \
+            > "$LOGS/synthetic-$weight_type.log" 2>&1 &
+        JOBS+=("$!:synthetic-$weight_type")
     done
 fi
-
-# REV's build gets a folder of its own where SKBUILD_BUILD_DIR keeps this tree's (one CMake folder serves one source).
-BEFORE_BUILD=()
-[ -n "${SKBUILD_BUILD_DIR:-}" ] && BEFORE_BUILD=(env "SKBUILD_BUILD_DIR=$SKBUILD_BUILD_DIR-before")
-# shellcheck disable=SC2086
-(cd "$BASE" && "${BEFORE_BUILD[@]}" "$PYTHON" -m pip install -q --no-build-isolation --no-deps --upgrade \
-    --target /tmp/base-site $PACKAGES) > "$LOGS/build-before.log" 2>&1 || { tail -30 "$LOGS/build-before.log"; exit 1; }
-BEFORE_PATH=/tmp/base-site${PYTHONPATH:+:$PYTHONPATH}
-for writer in "${WRITERS[@]}"; do
-    wait "${writer%%:*}" || { tail -30 "$LOGS/synthetic-${writer#*:}.log"; exit 1; }
+for job in "${JOBS[@]}"; do
+    wait "${job%%:*}" || { tail -30 "$LOGS/${job#*:}.log"; exit 1; }
 done
 
 # bench TREE MODEL ROUND: one `minfer bench` of one tree, its result rows tagged with the tree, the round and the
 # model's file name.
 bench() {
     local tree=$1 model=$2 round=$3 path=${PYTHONPATH:-}
-    [ "$tree" = before ] && path=$BEFORE_PATH
+    [ "$tree" != this ] && path=/tmp/ab-site/$tree${PYTHONPATH:+:$PYTHONPATH}
     # shellcheck disable=SC2086 # MINFER_AB_ARGS is a list of flags
     PYTHONPATH=$path "$PYTHON" -m minfer.cli bench -m "$model" --backend "$BACKEND" \
         ${MINFER_AB_ARGS:--p 512 -n 128} -r "${MINFER_AB_REPS:-10}" -o csv 2>> "$LOGS/bench-errors.log" \
@@ -96,27 +128,41 @@ bench() {
 
 for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
     for model in "${MODELS[@]}"; do
-        if [ $((round % 2)) = 1 ]; then order="after before"; else order="before after"; fi  # alternate who goes first
-        for tree in $order; do bench "$tree" "$model" "$round"; done
+        for i in "${!NAMES[@]}"; do  # round r starts with tree r - 1 (modulo the trees): who goes first rotates
+            bench "${NAMES[$(((i + round - 1) % ${#NAMES[@]}))]}" "$model" "$round"
+        done
     done
 done > "$LOGS/ab.csv"
 
-"$PYTHON" - "$LOGS/ab.csv" "$(cat "$BASE/REVISION")" <<'EOF' | tee "$LOGS/ab.md"
-"""The A/B table: per model and test, each tree's t/s per round, their means and the change."""
+REVISIONS=()
+for name in "${NAMES[@]}"; do
+    if [ "$name" = this ]; then REVISIONS+=("this=the working tree"); else
+        REVISIONS+=("$name=$(cut -c1-12 "$TREES/$name/REVISION")"); fi
+done
+"$PYTHON" - "$LOGS/ab.csv" "${REVISIONS[@]}" <<'PY' | tee "$LOGS/ab.md"
+"""The table: per model and test, each tree's t/s per round, their mean and its change against the baseline (the
+first tree)."""
 import csv
 import statistics
 import sys
 
-rows = list(csv.reader(open(sys.argv[1])))
+trees = [arg.split("=", 1) for arg in sys.argv[2:]]
 # bench -o csv's columns after the three tags: avg_ts is column 14, test 16 (llama-bench's order)
 runs: dict[tuple[str, str], dict[str, list[float]]] = {}
-for tree, _round, model, *record in rows:
-    runs.setdefault((model, record[16]), {"before": [], "after": []})[tree].append(float(record[14]))
-print(f"before = {sys.argv[2][:12]}, after = this tree; t/s per round, rounds alternating which tree goes first")
-print("| model | test | before | after | change |")
-print("| --- | ---: | --- | --- | ---: |")
-for (model, test), trees in runs.items():
-    before, after = (statistics.mean(trees[t]) for t in ("before", "after"))
-    cells = [" / ".join(f"{v:.0f}" for v in trees[t]) for t in ("before", "after")]
-    print(f"| {model} | {test} | {cells[0]} | {cells[1]} | {100 * (after / before - 1):+.1f}% |")
-EOF
+for tree, _round, model, *record in csv.reader(open(sys.argv[1])):
+    runs.setdefault((model, record[16]), {name: [] for name, _ in trees})[tree].append(float(record[14]))
+print("trees: " + ", ".join(f"{name} ({revision})" for name, revision in trees))
+print(f"t/s per round, the order of the trees rotating each round; changes against {trees[0][0]}")
+print("| model | test | tree | t/s per round | mean | change |")
+print("| --- | ---: | --- | --- | ---: | ---: |")
+for (model, test), by_tree in runs.items():
+    baseline = statistics.mean(by_tree[trees[0][0]]) if by_tree[trees[0][0]] else float("nan")
+    for name, _ in trees:
+        rates = by_tree[name]
+        if not rates:
+            print(f"| {model} | {test} | {name} | no result (bench-errors.log) | | |")
+            continue
+        mean = statistics.mean(rates)
+        change = "" if name == trees[0][0] else f"{100 * (mean / baseline - 1):+.1f}%"
+        print(f"| {model} | {test} | {name} | {' / '.join(f'{v:.0f}' for v in rates)} | {mean:.0f} | {change} |")
+PY
