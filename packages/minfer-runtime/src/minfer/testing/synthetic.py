@@ -113,6 +113,8 @@ PRESETS: dict[str, SyntheticSpec] = {
     "smollm2-135m": SyntheticSpec("llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000.0, 1e-5),
     # Qwen2.5-0.5B's shapes: the model llama.cpp's anchors in ANCHORS.md were measured on.
     "qwen2.5-0.5b": SyntheticSpec("qwen2", 24, 896, 14, 2, 4864, 151936, 32768, 1000000.0, 1e-6, True, True),
+    # Qwen2.5-1.5B's: heads of 128 with no head norms (as Llama 3 8B's and Mistral 7B's), groups of 6, tied.
+    "qwen2.5-1.5b": SyntheticSpec("qwen2", 28, 1536, 12, 2, 8960, 151936, 32768, 1000000.0, 1e-6, True, True),
     # Scaled down, same structure: small enough for every test to run in milliseconds.
     "tiny-llama": SyntheticSpec("llama", 2, 64, 4, 2, 160, 512, 512, 10000.0, 1e-5, tied_output=False),
     "tiny-qwen2": SyntheticSpec("qwen2", 2, 64, 4, 2, 160, 512, 512, 1000000.0, 1e-6, True, True),
