@@ -11,7 +11,8 @@
 #                                          one tree later
 #
 # So one call measures several candidate branches against one baseline (this tree one of them, named "this").
-# Knobs of `run`: MINFER_AB_TREES (the prepared trees that take part, by NAME, default all), MINFER_AB_TYPES
+# Knobs of `run`: MINFER_AB_TREES (the trees that take part, in order, the baseline first: prepared ones by NAME,
+# the working tree as "this"; default every prepared tree in prepare's order, then this), MINFER_AB_TYPES
 # (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M), MINFER_AB_PRESET (their shapes, default
 # qwen2.5-0.5b), MINFER_AB_MODELS (GGUF files to bench instead of the synthetic models: llama-quantize's presets
 # that tools/bench-vs-llamacpp.sh leaves in its WORKDIR, say), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
@@ -49,15 +50,18 @@ if [ ! -f "$TREES/ORDER" ]; then
     echo "gpu-ab: no $TREES/ORDER: run 'tools/gpu-ab.sh prepare REV [REV...]' on the checkout first" >&2
     exit 1
 fi
-# The prepared trees that take part, in prepare's order (the first is the baseline), then this tree.
-NAMES=()
-while read -r name; do
-    if [ -z "${MINFER_AB_TREES:-}" ] || [[ " $MINFER_AB_TREES " == *" $name "* ]]; then NAMES+=("$name"); fi
-done < "$TREES/ORDER"
-for name in ${MINFER_AB_TREES:-}; do
-    [ -f "$TREES/$name/REVISION" ] || { echo "gpu-ab: MINFER_AB_TREES: no prepared tree $name in $TREES" >&2; exit 1; }
+# The trees that take part, the baseline first.
+if [ -n "${MINFER_AB_TREES:-}" ]; then
+    read -ra NAMES <<< "$MINFER_AB_TREES"
+else
+    mapfile -t NAMES < "$TREES/ORDER"
+    NAMES+=(this)
+fi
+for name in "${NAMES[@]}"; do
+    [ "$name" = this ] || [ -f "$TREES/$name/REVISION" ] \
+        || { echo "gpu-ab: MINFER_AB_TREES: no prepared tree $name in $TREES" >&2; exit 1; }
 done
-NAMES+=(this)
+[ ${#NAMES[@]} -ge 2 ] || { echo "gpu-ab: MINFER_AB_TREES: at least two trees" >&2; exit 1; }
 
 # shellcheck disable=SC2206 # MINFER_AB_MODELS is a list of paths
 MODELS=(${MINFER_AB_MODELS:-})
