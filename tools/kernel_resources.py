@@ -53,7 +53,17 @@ def demangle(names: list[str]) -> list[str]:
     if shutil.which("c++filt") is None:
         return names
     out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
-    return [re.sub(r"\(.*\)$", "", re.sub(r"(\w+::)*\(anonymous namespace\)::", "", line)) for line in out.splitlines()]
+    return [without_parameters(re.sub(r"(\w+::)*\(anonymous namespace\)::", "", line)) for line in out.splitlines()]
+
+
+def without_parameters(name: str) -> str:
+    """A demangled function name less its parameter list: the balanced (...) that ends it."""
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            return name[:i] if name.endswith(")") else name
+    return name
 
 
 def compile_file(kernels_dir: Path, source: Path, out: Path) -> dict[str, Kernel]:
