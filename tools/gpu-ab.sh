@@ -83,8 +83,10 @@ PACKAGES="./packages/minfer-runtime"
 [ "$BACKEND" = cuda ] && PACKAGES="./packages/minfer-kernels $PACKAGES"
 
 # Every tree builds at once, each in a CMake folder of its own where SKBUILD_BUILD_DIR keeps this tree's (one CMake
-# folder serves one source); the synthetic models that are not there yet are written meanwhile, one process a type
-# (each a single core's numpy for 15-60 s).
+# folder serves one source), the cores shared among them (CMAKE_BUILD_PARALLEL_LEVEL: seven builds of 18 nvcc
+# processes each would not fit the memory); the synthetic models that are not there yet are written meanwhile, one
+# process a type (each a single core's numpy for 15-60 s).
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(( ($(nproc) + ${#NAMES[@]} - 1) / ${#NAMES[@]} ))}
 JOBS=()
 build() {  # build NAME: a tree's packages, this tree's into the environment, a prepared one's into its site
     local name=$1
