@@ -45,6 +45,14 @@ def test_each_kernel_of_the_file_beside_the_same_file_at_a_revision():
 
 
 @needs_nvcc
+def test_a_kernel_without_shared_memory_is_listed_too():
+    """ptxas' line for such a kernel names no smem (rope.cu's one kernel)."""
+    done = run("packages/minfer-kernels/csrc/kernels/rope.cu")
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"rope_f32\n  this tree: \d+ registers, 0 B static shared\n", done.stdout)
+
+
+@needs_nvcc
 def test_match_keeps_the_kernels_whose_name_holds_it():
     done = run(NORM, "--match", "add")
     assert done.returncode == 0, done.stderr

