@@ -4,7 +4,8 @@
 #   tools/gpu-ab.sh prepare REV [REV...]   here: the packages of each git revision into .device/ab/NAME
 #                                          (ignored; NAME is REV with / as -), to be carried to the GPU machine
 #                                          beside the working tree (the device tool's carry: the one path
-#                                          .device/ab); the first REV is the baseline every change is against
+#                                          .device/ab); the first REV is the baseline unless MINFER_AB_TREES
+#                                          names another
 #   tools/gpu-ab.sh run                    there: build each prepared revision's packages into /tmp/ab-site/NAME
 #                                          and this tree's into the environment, all at once, then alternate
 #                                          `minfer bench` between the trees round by round, each round starting
@@ -39,7 +40,7 @@ if [ "${1:-}" = prepare ]; then
         echo "$name" >> "$TREES/ORDER"
         echo "gpu-ab: $rev ($(cut -c1-12 "$TREES/$name/REVISION")) in $TREES/$name"
     done
-    echo "gpu-ab: baseline $1; carry $TREES to the GPU machine and run: tools/gpu-ab.sh run"
+    echo "gpu-ab: carry $TREES to the GPU machine and run: tools/gpu-ab.sh run (baseline $1, or MINFER_AB_TREES' first)"
     exit 0
 fi
 if [ "${1:-}" != run ]; then
