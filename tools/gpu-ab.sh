@@ -147,29 +147,32 @@ for name in "${NAMES[@]}"; do
         REVISIONS+=("$name=$(cut -c1-12 "$TREES/$name/REVISION")"); fi
 done
 "$PYTHON" - "$LOGS/ab.csv" "${REVISIONS[@]}" <<'PY' | tee "$LOGS/ab.md"
-"""The table: per model and test, each tree's t/s per round, their mean and its change against the baseline (the
-first tree)."""
+"""The table: per model and test, each tree's t/s per round (with the bench's own standard deviation over its
+repetitions), their mean and its change against the baseline (the first tree)."""
 import csv
 import statistics
 import sys
 
 trees = [arg.split("=", 1) for arg in sys.argv[2:]]
-# bench -o csv's columns after the three tags: avg_ts is column 14, test 16 (llama-bench's order)
-runs: dict[tuple[str, str], dict[str, list[float]]] = {}
+# bench -o csv's columns after the three tags: avg_ts is column 14, stddev_ts 15, test 16 (llama-bench's order)
+runs: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = {}
 for tree, _round, model, *record in csv.reader(open(sys.argv[1])):
-    runs.setdefault((model, record[16]), {name: [] for name, _ in trees})[tree].append(float(record[14]))
+    rate = (float(record[14]), float(record[15]))
+    runs.setdefault((model, record[16]), {name: [] for name, _ in trees})[tree].append(rate)
 print("trees: " + ", ".join(f"{name} ({revision})" for name, revision in trees))
-print(f"t/s per round, the order of the trees rotating each round; changes against {trees[0][0]}")
+print(f"t/s per round ± the bench's standard deviation, the order of the trees rotating each round; changes against "
+      f"{trees[0][0]}")
 print("| model | test | tree | t/s per round | mean | change |")
 print("| --- | ---: | --- | --- | ---: | ---: |")
 for (model, test), by_tree in runs.items():
-    baseline = statistics.mean(by_tree[trees[0][0]]) if by_tree[trees[0][0]] else float("nan")
+    baseline = statistics.mean(r for r, _ in by_tree[trees[0][0]]) if by_tree[trees[0][0]] else float("nan")
     for name, _ in trees:
         rates = by_tree[name]
         if not rates:
             print(f"| {model} | {test} | {name} | no result (bench-errors.log) | | |")
             continue
-        mean = statistics.mean(rates)
+        mean = statistics.mean(r for r, _ in rates)
         change = "" if name == trees[0][0] else f"{100 * (mean / baseline - 1):+.1f}%"
-        print(f"| {model} | {test} | {name} | {' / '.join(f'{v:.0f}' for v in rates)} | {mean:.0f} | {change} |")
+        per_round = " / ".join(f"{r:.0f} ± {sd:.0f}" for r, sd in rates)
+        print(f"| {model} | {test} | {name} | {per_round} | {mean:.0f} | {change} |")
 PY
