@@ -21,7 +21,9 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(TOOL), *args], cwd=REPO, capture_output=True, text=True)
 
 
-def test_a_kernel_name_loses_its_parameter_list_and_keeps_its_template_arguments():
+@pytest.fixture(scope="module")
+def tool():
+    """The tool as a module, for its pure functions."""
     spec = importlib.util.spec_from_file_location("kernel_resources_under_test", TOOL)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks the module up
@@ -29,9 +31,39 @@ def test_a_kernel_name_loses_its_parameter_list_and_keeps_its_template_arguments
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
+    return module
+
+
+def test_a_kernel_name_loses_its_parameter_list_and_keeps_its_template_arguments(tool):
     name = "void gemv<GemvQ4_0, minfer::GemvGated<(minfer::GateActivation)0> >(minfer::GemvInput, minfer::Gated)"
-    assert module.without_parameters(name) == "void gemv<GemvQ4_0, minfer::GemvGated<(minfer::GateActivation)0> >"
-    assert module.without_parameters("rms_norm_f32") == "rms_norm_f32"
+    assert tool.without_parameters(name) == "void gemv<GemvQ4_0, minfer::GemvGated<(minfer::GateActivation)0> >"
+    assert tool.without_parameters("rms_norm_f32") == "rms_norm_f32"
+
+
+# cuobjdump's layout: an address comment, the instruction (a predicate first where it has one), its encoding.
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                  /* 0x00000a0000017a02 */
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;            /* 0x0000000404027981 */
+        /*0020*/                   IMMA.16832.S8.S8 R8, R8.ROW, R26.COL, RZ ;  /* 0x0000001a0808723c */
+        /*0030*/                   LDS R3, [R5] ;                          /* 0x0000000005037984 */
+        /*0040*/               @P0 BRA 0x20 ;                              /* 0xfffffffc00f40947 */
+        /*0050*/                   SHFL.BFLY PT, R6, R7, 0x1, 0x1f ;       /* 0x0c201f0007067f89 */
+        /*0060*/              @!P1 BRA 0x0 ;                               /* 0xfffffff400e49947 */
+        /*0070*/                   BRA.DIV UR4, 0x90 ;                     /* 0x0000000204047947 */
+        /*0080*/                   BRA 0x80 ;                              /* 0xfffffffc00fc7947 */
+        /*0090*/                   EXIT ;                                  /* 0x000000000000794d */
+"""
+
+
+def test_innermost_loops_are_the_backward_branches_that_hold_no_other(tool):
+    """0x20-0x40 is inside 0x0-0x60, which is left out; the spin at 0x80 is a loop of its own; a forward branch
+    (BRA.DIV) is none."""
+    loops = tool.innermost_loops(SASS)
+    assert [first for first, _ in loops] == [0x20, 0x80]
+    assert loops[0][1] == ["IMMA.16832.S8.S8 R8, R8.ROW, R26.COL, RZ", "LDS R3, [R5]", "@P0 BRA 0x20"]
+    assert tool.loop_counts(loops[0][1]) == "3 instructions (1 MMA, 1 LDS, 0 LDG, 0 SHFL)"
+    whole = [line.split("*/")[1].split(";")[0].strip() for line in SASS.strip().splitlines()[:7]]
+    assert tool.loop_counts(whole) == "7 instructions (1 MMA, 1 LDS, 1 LDG, 1 SHFL)"
 
 
 @needs_nvcc

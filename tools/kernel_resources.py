@@ -4,12 +4,16 @@ optionally against another revision of the file and with counts from its SASS.
     python tools/kernel_resources.py packages/minfer-kernels/csrc/kernels/attention.cu --match attention_decode
     python tools/kernel_resources.py .../attention.cu --match attention_decode --against main
     python tools/kernel_resources.py .../attention.cu --match "attention_decode<128, false>" --sass build/sass
+    python tools/kernel_resources.py .../gemv_int8.cu --match "Int8Q6_K, minfer::StoreRows<1, false>" --loops
 
 The file is compiled as the build compiles it for the H200 (CMake's flags, sm_90 as sm_90a), so what it prints is
 what the device runs. --against REV compiles the file as it is at git revision REV (its headers too) beside it.
 --sass DIR also writes each matched kernel's SASS to DIR and counts what a kernel's time hides in: local-memory
-loads and stores (spills), block barriers, and the instructions in all. It needs cuobjdump and nvdisasm: from the
-CUDA toolkit on PATH, or NVIDIA's PyPI wheels, which --fetch downloads into .reference/ (ignored).
+loads and stores (spills), block barriers, and the instructions in all. --loops lists each kernel's innermost
+loops (a backward branch's stretch holding no other) of MIN_LOOP instructions or more (the shorter are spin-waits
+and byte copies): the instructions an iteration issues, and its tensor-core instructions, shared- and
+global-memory loads and shuffles. Both need cuobjdump and nvdisasm: from the CUDA toolkit on PATH, or
+NVIDIA's PyPI wheels, which --fetch downloads into .reference/ (ignored).
 """
 
 from __future__ import annotations
@@ -136,6 +140,34 @@ def sass_counts(sass: str) -> str:
     return ", ".join([f"{len(lines)} instructions", *counts])
 
 
+MIN_LOOP = 16
+SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+LOOP_COUNTED = {
+    "MMA": r"\b[A-Z]*MMA\b",
+    "LDS": r"\bLDS(\.[\w.]+)?\s",
+    "LDG": r"\bLDG(\.[\w.]+)?\s",
+    "SHFL": r"\bSHFL\b",
+}
+
+
+def innermost_loops(sass: str) -> list[tuple[int, list[str]]]:
+    """The kernel's innermost loops, in address order: each backward branch's stretch of instructions (from the
+    branch's target to the branch) that holds no other such stretch, as (first address, its instructions)."""
+    instructions = [(int(m[1], 16), m[2].strip()) for line in sass.splitlines() if (m := SASS_LINE.match(line))]
+    spans = set()
+    for address, text in instructions:
+        branch = re.match(r"(@!?U?P\w+\s+)?BRA(\.\w+)*\s+(0x[0-9a-f]+)$", text)
+        if branch and int(branch[3], 16) <= address:
+            spans.add((int(branch[3], 16), address))
+    inner = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
+    return [(a, [text for address, text in instructions if a <= address <= b]) for a, b in sorted(inner)]
+
+
+def loop_counts(loop: list[str]) -> str:
+    counts = [f"{sum(bool(re.search(pattern, t)) for t in loop)} {name}" for name, pattern in LOOP_COUNTED.items()]
+    return f"{len(loop)} instructions ({', '.join(counts)})"
+
+
 def describe(kernel: Kernel) -> str:
     spills = f", {kernel.spill_stores} B spilled ({kernel.spill_loads} B reloaded)" if kernel.spill_stores else ""
     return f"{kernel.registers} registers{spills}, {kernel.shared} B static shared"
@@ -147,6 +179,7 @@ def main() -> None:
     parser.add_argument("--match", default="", help="only the kernels whose C++ name holds this text")
     parser.add_argument("--against", metavar="REV", help="the same file at this git revision, beside it")
     parser.add_argument("--sass", type=Path, metavar="DIR", help="write the matched kernels' SASS here, and count it")
+    parser.add_argument("--loops", action="store_true", help="list each matched kernel's innermost loops (its SASS)")
     parser.add_argument("--fetch", action="store_true", help="download cuobjdump into .reference/ where it is missing")
     args = parser.parse_args()
 
@@ -154,7 +187,7 @@ def main() -> None:
     kernels_dir = ROOT / KERNELS
     if not source.is_file() or kernels_dir.resolve() not in source.parents:
         fail(f"{args.source}: not a file under {KERNELS}")
-    dump_command = cuobjdump(args.fetch) if args.sass else []
+    dump_command = cuobjdump(args.fetch) if args.sass or args.loops else []
     with tempfile.TemporaryDirectory() as folder:
         trees = {"": (kernels_dir, source)}
         if args.against:
@@ -192,6 +225,10 @@ def main() -> None:
                 print(f"{tag} (no such kernel)")
                 continue
             print(f"{tag} {describe(kernel)}" + (f"; {sass_counts(kernel.sass)}" if kernel.sass else ""))
+            if args.loops:
+                for first, loop in innermost_loops(kernel.sass):
+                    if len(loop) >= MIN_LOOP:
+                        print(f"    loop at {first:#06x}: {loop_counts(loop)}")
             if args.sass and kernel.sass:
                 stem = re.sub(r"[^\w]+", "_", pretty).strip("_")
                 (args.sass / f"{stem}{'.' + label.replace('/', '-') if label else ''}.sass").write_text(kernel.sass)
