@@ -46,24 +46,31 @@ SASS = """
         /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;            /* 0x0000000404027981 */
         /*0020*/                   IMMA.16832.S8.S8 R8, R8.ROW, R26.COL, RZ ;  /* 0x0000001a0808723c */
         /*0030*/                   LDS R3, [R5] ;                          /* 0x0000000005037984 */
-        /*0040*/               @P0 BRA 0x20 ;                              /* 0xfffffffc00f40947 */
-        /*0050*/                   SHFL.BFLY PT, R6, R7, 0x1, 0x1f ;       /* 0x0c201f0007067f89 */
-        /*0060*/              @!P1 BRA 0x0 ;                               /* 0xfffffff400e49947 */
-        /*0070*/                   BRA.DIV UR4, 0x90 ;                     /* 0x0000000204047947 */
-        /*0080*/                   BRA 0x80 ;                              /* 0xfffffffc00fc7947 */
-        /*0090*/                   EXIT ;                                  /* 0x000000000000794d */
+        /*0040*/                   HFMA2.MMA R9, -RZ, RZ, 0, 0 ;           /* 0x00000000ff097435 */
+        /*0050*/               @P0 BRA 0x20 ;                              /* 0xfffffffc00f40947 */
+        /*0060*/                   SHFL.BFLY PT, R6, R7, 0x1, 0x1f ;       /* 0x0c201f0007067f89 */
+        /*0070*/              @!P1 BRA 0x0 ;                               /* 0xfffffff400e49947 */
+        /*0080*/                   BRA.DIV UR4, 0xa0 ;                     /* 0x0000000204047947 */
+        /*0090*/                   BRA 0x90 ;                              /* 0xfffffffc00fc7947 */
+        /*00a0*/                   EXIT ;                                  /* 0x000000000000794d */
 """
 
 
 def test_innermost_loops_are_the_backward_branches_that_hold_no_other(tool):
-    """0x20-0x40 is inside 0x0-0x60, which is left out; the spin at 0x80 is a loop of its own; a forward branch
+    """0x20-0x50 is inside 0x0-0x70, which is left out; the spin at 0x90 is a loop of its own; a forward branch
     (BRA.DIV) is none."""
     loops = tool.innermost_loops(SASS)
-    assert [first for first, _ in loops] == [0x20, 0x80]
-    assert loops[0][1] == ["IMMA.16832.S8.S8 R8, R8.ROW, R26.COL, RZ", "LDS R3, [R5]", "@P0 BRA 0x20"]
-    assert tool.loop_counts(loops[0][1]) == "3 instructions (1 MMA, 1 LDS, 0 LDG, 0 SHFL)"
-    whole = [line.split("*/")[1].split(";")[0].strip() for line in SASS.strip().splitlines()[:7]]
-    assert tool.loop_counts(whole) == "7 instructions (1 MMA, 1 LDS, 1 LDG, 1 SHFL)"
+    assert [first for first, _ in loops] == [0x20, 0x90]
+    assert loops[0][1] == [
+        "IMMA.16832.S8.S8 R8, R8.ROW, R26.COL, RZ",
+        "LDS R3, [R5]",
+        "HFMA2.MMA R9, -RZ, RZ, 0, 0",
+        "@P0 BRA 0x20",
+    ]
+    # HFMA2.MMA is an FMA (on the MMA pipe's side), not a tensor-core product.
+    assert tool.loop_counts(loops[0][1]) == "4 instructions (1 MMA, 1 LDS, 0 LDG, 0 SHFL)"
+    whole = [line.split("*/")[1].split(";")[0].strip() for line in SASS.strip().splitlines()[:8]]
+    assert tool.loop_counts(whole) == "8 instructions (1 MMA, 1 LDS, 1 LDG, 1 SHFL)"
 
 
 @needs_nvcc

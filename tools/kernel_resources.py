@@ -142,12 +142,8 @@ def sass_counts(sass: str) -> str:
 
 MIN_LOOP = 16
 SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-LOOP_COUNTED = {
-    "MMA": r"\b[A-Z]*MMA\b",
-    "LDS": r"\bLDS(\.[\w.]+)?\s",
-    "LDG": r"\bLDG(\.[\w.]+)?\s",
-    "SHFL": r"\bSHFL\b",
-}
+# Opcodes counted in a loop (its first word, the predicate left out): HFMA2.MMA is an FMA, not an MMA.
+LOOP_COUNTED = {"MMA": r"[A-Z]*MMA", "LDS": r"LDS", "LDG": r"LDG", "SHFL": r"SHFL"}
 
 
 def innermost_loops(sass: str) -> list[tuple[int, list[str]]]:
@@ -164,7 +160,8 @@ def innermost_loops(sass: str) -> list[tuple[int, list[str]]]:
 
 
 def loop_counts(loop: list[str]) -> str:
-    counts = [f"{sum(bool(re.search(pattern, t)) for t in loop)} {name}" for name, pattern in LOOP_COUNTED.items()]
+    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop]
+    counts = [f"{sum(bool(re.fullmatch(p, op)) for op in opcodes)} {name}" for name, p in LOOP_COUNTED.items()]
     return f"{len(loop)} instructions ({', '.join(counts)})"
 
 
