@@ -10,9 +10,9 @@ The file is compiled as the build compiles it for the H200 (CMake's flags, sm_90
 what the device runs. --against REV compiles the file as it is at git revision REV (its headers too) beside it.
 --sass DIR also writes each matched kernel's SASS to DIR and counts what a kernel's time hides in: local-memory
 loads and stores (spills), block barriers, and the instructions in all. --loops lists each kernel's innermost
-loops (a backward branch's stretch holding no other) of MIN_LOOP instructions or more (the shorter are spin-waits
-and byte copies): the instructions an iteration issues, and its tensor-core instructions, shared- and
-global-memory loads and shuffles. Both need cuobjdump and nvdisasm: from the CUDA toolkit on PATH, or
+loops (a backward branch's stretch holding no other) of 16 instructions or more (the shorter are spin-waits and
+byte copies): the instructions an iteration issues, and its tensor-core instructions, shared- and global-memory
+loads and shuffles. Both need cuobjdump and nvdisasm: from the CUDA toolkit on PATH, or
 NVIDIA's PyPI wheels, which --fetch downloads into .reference/ (ignored).
 """
 
@@ -129,11 +129,13 @@ def add_sass(kernels: dict[str, Kernel], objects: Path, dump_command: list[str])
             kernels[name.strip()].sass = body
 
 
+SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);")  # an instruction: its address, its text
+PREDICATE = r"@!?U?P\w+\s+"
 SASS_COUNTED = {"STL": r"\bSTL\b", "LDL": r"\bLDL\b", "BAR.SYNC": r"\bBAR\.SYNC\b"}
 
 
 def sass_counts(sass: str) -> str:
-    lines = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line)]
+    lines = [line for line in sass.splitlines() if SASS_LINE.match(line)]
     counts = [
         f"{sum(bool(re.search(pattern, line)) for line in lines)} {name}" for name, pattern in SASS_COUNTED.items()
     ]
@@ -141,7 +143,6 @@ def sass_counts(sass: str) -> str:
 
 
 MIN_LOOP = 16
-SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 # Opcodes counted in a loop (its first word, the predicate left out): HFMA2.MMA is an FMA, not an MMA.
 LOOP_COUNTED = {"MMA": r"[A-Z]*MMA", "LDS": r"LDS", "LDG": r"LDG", "SHFL": r"SHFL"}
 
@@ -152,7 +153,7 @@ def innermost_loops(sass: str) -> list[tuple[int, list[str]]]:
     instructions = [(int(m[1], 16), m[2].strip()) for line in sass.splitlines() if (m := SASS_LINE.match(line))]
     spans = set()
     for address, text in instructions:
-        branch = re.match(r"(@!?U?P\w+\s+)?BRA(\.\w+)*\s+(0x[0-9a-f]+)$", text)
+        branch = re.match(rf"({PREDICATE})?BRA(\.\w+)*\s+(0x[0-9a-f]+)$", text)
         if branch and int(branch[3], 16) <= address:
             spans.add((int(branch[3], 16), address))
     inner = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
@@ -160,7 +161,7 @@ def innermost_loops(sass: str) -> list[tuple[int, list[str]]]:
 
 
 def loop_counts(loop: list[str]) -> str:
-    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop]
+    opcodes = [re.sub(f"^{PREDICATE}", "", text).split()[0].split(".")[0] for text in loop]
     counts = [f"{sum(bool(re.fullmatch(p, op)) for op in opcodes)} {name}" for name, p in LOOP_COUNTED.items()]
     return f"{len(loop)} instructions ({', '.join(counts)})"
 
