@@ -33,8 +33,9 @@
 //   - a zero point z (w = s (q - z): Q4_0's 8, Q5_0's 16) costs nothing: the MMA's accumulator starts at
 //     -z * sum_j q_c,j;
 //   - an offset m (w = s q + m: Q4_1's and Q5_1's m, the K-quants' -dmin * min) adds m * sum_j x_j;
-//   - scales of 16-value halves (Q2_K, Q3_K, Q6_K) make a block two MMAs, each with the other half's quants
-//     zeroed; Q2_K's mins then multiply the sums of x's two halves.
+//   - scales of 16-value halves (Q2_K, Q3_K, Q6_K) split B instead of the block: each part's low 16 values and
+//     its high 16 are columns of their own (six of the eight), so one MMA gives each half's sums apart, and each
+//     lane's two columns lie in one half (slice_products); Q2_K's mins multiply the sums of x's halves.
 // Against gemv.cu's exactly decoded weights times float32 x, the result moves by at most that 2^-22 of the
 // block maximum per value: inside the float32 error bound the tests hold both kernels to.
 //
@@ -44,14 +45,15 @@
 // SM (at most one per chunk); block i takes chunks i, i + gridDim.x, ..., each slice after slice. Its PRODUCER
 // warp issues each item's copies into a stage (the first stages' before the wait for the previous kernel) as
 // soon as the stage's `empty` barrier says its consumers are done with it; its CONSUMERS warps wait on the
-// stage's `full` barrier (the copies' bytes landed) and split the slice's blocks among them, each warp taking
-// every tile of the chunk for its blocks (the x operands of a block loaded once for both tiles). At a chunk's
-// last slice their sums meet in shared memory (the consumers' own barrier, no block-wide one) and warp 0's
-// finishing lanes (one per group) hand them to the epilogue. Every consumer first quantizes its share of x into
-// shared memory, applying the norm weight and gathering the sum of squares on the way (the norm is the scalar
-// inv_rms, applied at the end, as in gemv.cu). In an mma.m16n8k32, lane (g, t) (g = lane / 4, t = lane % 4)
-// holds row g's and row g + 8's values 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3: for the nibble formats exactly
-// the low and the high nibbles of bytes 4t .. 4t + 3 of the block's quants, for Q8_0 bytes 4t .. and 16 + 4t .. .
+// stage's `full` barrier (the copies' bytes landed) and split the slice's steps (blocks, or the K-quants' pairs
+// of blocks) among them, each warp taking every tile of the chunk for its steps (the x operands of a block loaded
+// once for both tiles). At a chunk's last slice their sums meet in shared memory (the consumers' own barrier, no
+// block-wide one) and warp 0's finishing lanes (one per group) hand them to the epilogue. Every consumer first
+// quantizes its share of x into shared memory, applying the norm weight and gathering the sum of squares on the
+// way (the norm is the scalar inv_rms, applied at the end, as in gemv.cu). In an mma.m16n8k32, lane (g, t) (g =
+// lane / 4, t = lane % 4) holds row g's and row g + 8's values 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3: for the
+// nibble formats exactly the low and the high nibbles of bytes 4t .. 4t + 3 of the block's quants, for Q8_0 bytes
+// 4t .. and 16 + 4t .. .
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -120,7 +122,9 @@ __host__ __device__ inline StorageBlock storage_block(int type) {
 // slice's first value, which starts a storage block); quants: the two A-fragment words, values 4t .. 4t + 3
 // (low) and 16 + 4t .. 16 + 4t + 3 (high) of the block as int8 (offset by the zero point ZERO); scale (and,
 // per OFFSETS, offset): s and m of w = s * (q - ZERO) + m. Where HALF_SCALES, scale and offset are those of the
-// low 16 values, scale_high and offset_high those of the high 16.
+// 16-value half t % 2, the half whose sums lane t's columns of the MMA hold. A format whose blocks share bytes
+// in pairs (STEP_BLOCKS = 2) reads a step of two blocks at once instead: load_pair gives the Raw of blocks
+// block_of(step, 0) and block_of(step, 1).
 
 enum class Offsets { NONE, BLOCK, HALVES };  // no m; one m for the block; one for each 16-value half
 
@@ -142,8 +146,9 @@ struct DecodedInLoad {
     }
 };
 
-// ... and a scale and an offset for the block (the 32-value sub-blocks of Q4_K and Q5_K).
-struct BlockScaled : DecodedInLoad {
+// ... and the scale and offset the lane needs: its block's (the 32-value sub-blocks of Q4_K and Q5_K) or its
+// half's (the 16-value sub-blocks of Q2_K, Q3_K and Q6_K; an offset for Q2_K only).
+struct ScaledInLoad : DecodedInLoad {
     struct Raw {
         std::uint32_t low, high;
         float scale, offset;
@@ -152,22 +157,11 @@ struct BlockScaled : DecodedInLoad {
     __device__ static float offset(const Raw& w) { return w.offset; }
 };
 
-// ... or a scale for each 16-value half (Q2_K, Q3_K, Q6_K), and for Q2_K an offset for each.
-struct HalfScaled : DecodedInLoad {
-    struct Raw {
-        std::uint32_t low, high;
-        float scale_low, scale_high, offset_low, offset_high;
-    };
-    __device__ static float scale(const Raw& w) { return w.scale_low; }
-    __device__ static float scale_high(const Raw& w) { return w.scale_high; }
-    __device__ static float offset(const Raw& w) { return w.offset_low; }
-    __device__ static float offset_high(const Raw& w) { return w.offset_high; }
-};
-
 struct Int8Q4_0 {
     static constexpr int ZERO = 8;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t qs, d;
     };
@@ -186,6 +180,7 @@ struct Int8Q4_1 {  // 20-byte blocks keep a 4-byte boundary
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::BLOCK;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t d_and_m, qs;
     };
@@ -205,6 +200,7 @@ struct Int8Q5_0 : DecodedInLoad {
     static constexpr int ZERO = 16;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t low, high, d;
     };
@@ -221,6 +217,7 @@ struct Int8Q5_1 : DecodedInLoad {  // 24-byte blocks keep a 4-byte boundary
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::BLOCK;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t low, high, d_and_m;
     };
@@ -238,6 +235,7 @@ struct Int8IQ4_NL {  // the quants are the int8 levels the nibbles index
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t qs, d;
     };
@@ -255,6 +253,7 @@ struct Int8Q8_0 : DecodedInLoad {
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t low, high, d;
     };
@@ -266,107 +265,139 @@ struct Int8Q8_0 : DecodedInLoad {
     __device__ static float scale(const Raw& w) { return half_bits_to_float(w.d); }
 };
 
-// Block j of a Q2_K super-block (values 32j .. 32j + 31, in half h = j / 4, group r = j % 4; ggml_formats.cuh
-// has the layout): bits 2r, 2r + 1 of qs bytes 32h .., 16-value sub-blocks 2j and 2j + 1 with scale
-// d * (scales[s] & 0xF) and min dmin * (scales[s] >> 4). 84-byte super-blocks keep a 4-byte boundary.
-struct Int8Q2_K : HalfScaled {
+// The K-quants' steps are pairs of 32-value blocks that share their bytes: a load reads the pair's quants and
+// scales once and hands each block its Raw. Step p of a row is pair p % 4 of super-block p / 4; block_of(p, k)
+// is its block k (counted along the row, as x's blocks are).
+
+// Blocks j = 2(p % 4) and j + 1 of a Q2_K super-block (values 32j .., in half h = j / 4, group r = j % 4;
+// ggml_formats.cuh has the layout): bits 2r, 2r + 1 and 2r + 2, 2r + 3 of the same qs bytes 32h ..; block j's
+// 16-value sub-blocks s = 2j and 2j + 1 have scale d * (scales[s] & 0xF) and min dmin * (scales[s] >> 4).
+// 84-byte super-blocks keep a 4-byte boundary.
+struct Int8Q2_K : ScaledInLoad {
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::HALVES;
     static constexpr bool HALF_SCALES = true;
-    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
-        const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(row) + block / 8;
-        const int j = block % 8, h = j / 4, r = j % 4;
+    static constexpr int STEP_BLOCKS = 2;
+    __device__ static int block_of(int step, int k) { return 2 * step + k; }
+    __device__ static void load_pair(const std::uint8_t* row, int step, int t, Raw (&w)[2]) {
+        const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(row) + step / 4;
+        const int j = 2 * (step % 4), h = j / 4, r = j % 4;
         const std::uint8_t* qs = b->qs + 32 * h + 4 * t;
-        const std::uint32_t d_and_dmin = shared_u32(&b->d);
+        const std::uint32_t low = shared_u32(qs), high = shared_u32(qs + 16), d_and_dmin = shared_u32(&b->d);
         const float d = half_bits_to_float(d_and_dmin & 0xFFFFu), dmin = half_bits_to_float(d_and_dmin >> 16);
-        const std::uint32_t low_scales = b->scales[2 * j], high_scales = b->scales[2 * j + 1];
-        return {(shared_u32(qs) >> (2 * r)) & 0x03030303u, (shared_u32(qs + 16) >> (2 * r)) & 0x03030303u,
-                d * float(low_scales & 0xF), d * float(high_scales & 0xF), -dmin * float(low_scales >> 4),
-                -dmin * float(high_scales >> 4)};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const std::uint32_t scale_and_min = b->scales[2 * (j + k) + t % 2];
+            w[k] = {(low >> (2 * (r + k))) & 0x03030303u, (high >> (2 * (r + k))) & 0x03030303u,
+                    d * float(scale_and_min & 0xF), -dmin * float(scale_and_min >> 4)};
+        }
     }
 };
 
-// Block j of a Q3_K super-block: Q2_K's two low bits, the third bit 4h + r of hmask bytes 0 .., the 3-bit value
-// q - 4 made a signed byte; 16-value sub-blocks 2j and 2j + 1 with scale d * q3_k_scale. 110-byte super-blocks
-// keep a 2-byte boundary only.
-struct Int8Q3_K : HalfScaled {
-    static constexpr int ZERO = 0;  // q - 4 is made a signed byte in load, not subtracted in the MMA
+// Blocks j = 2(p % 4) and j + 1 of a Q3_K super-block: Q2_K's two low bits, the third bits 4h + r and 4h + r + 1
+// of the same hmask bytes 0 .., each 3-bit value q - 4 made a signed byte; block j's 16-value sub-blocks 2j and
+// 2j + 1 have scale d * q3_k_scale. 110-byte super-blocks keep a 2-byte boundary only.
+struct Int8Q3_K : ScaledInLoad {
+    static constexpr int ZERO = 0;  // q - 4 is made a signed byte in load_pair, not subtracted in the MMA
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = true;
-    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
-        const BlockQ3_K* b = reinterpret_cast<const BlockQ3_K*>(row) + block / 8;
-        const int j = block % 8, h = j / 4, r = j % 4, bit = 4 * h + r;
-        const auto value = [&](int offset) {
-            const std::uint32_t low_bits = (shared_word(b->qs + 32 * h + offset) >> (2 * r)) & 0x03030303u;
-            const std::uint32_t third_bit = (shared_word(b->hmask + offset) >> bit) & 0x01010101u;
-            return centred<0x04u, 0x3Eu>(low_bits | (third_bit << 2));
-        };
+    static constexpr int STEP_BLOCKS = 2;
+    __device__ static int block_of(int step, int k) { return 2 * step + k; }
+    __device__ static void load_pair(const std::uint8_t* row, int step, int t, Raw (&w)[2]) {
+        const BlockQ3_K* b = reinterpret_cast<const BlockQ3_K*>(row) + step / 4;
+        const int j = 2 * (step % 4), h = j / 4, r = j % 4;
+        const std::uint8_t* qs = b->qs + 32 * h + 4 * t;
+        const std::uint8_t* hmask = b->hmask + 4 * t;
+        const std::uint32_t low_bits[2] = {shared_word(qs), shared_word(qs + 16)};
+        const std::uint32_t third_bits[2] = {shared_word(hmask), shared_word(hmask + 16)};
         const float d = half_bits_to_float(shared_u16(&b->d));
-        return {value(4 * t), value(16 + 4 * t), d * float(q3_k_scale(b->scales, 2 * j)),
-                d * float(q3_k_scale(b->scales, 2 * j + 1))};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const auto value = [&](int i) {
+                return centred<0x04u, 0x3Eu>(((low_bits[i] >> (2 * (r + k))) & 0x03030303u) |
+                                             (((third_bits[i] >> (4 * h + r + k)) & 0x01010101u) << 2));
+            };
+            w[k] = {value(0), value(1), d * float(q3_k_scale(b->scales, 2 * (j + k) + t % 2)), 0.0f};
+        }
     }
 };
 
-// Block j of a Q4_K super-block is its sub-block j: the low (j even) or high nibbles of qs bytes 32 (j / 2) ..,
-// scale d * sc_j and min dmin * m_j (q4_k_scale_min). 144-byte super-blocks keep a 16-byte boundary.
-struct Int8Q4_K : BlockScaled {
+// Blocks j = 2(p % 4) and j + 1 of a Q4_K or Q5_K super-block (their first 16 bytes are alike): the low and the
+// high nibbles of the same qs bytes 32(p % 4) .., with scales d * sc and mins dmin * m decoded for both at once
+// (q4_k_scale_min_pair). 144- and 176-byte super-blocks keep a 16-byte boundary.
+template <class Block>
+__device__ __forceinline__ void load_q4_k_pair(const Block* b, int step, int t, ScaledInLoad::Raw (&w)[2]) {
+    const int p = step % 4;
+    const std::uint8_t* qs = b->qs + 32 * p + 4 * t;
+    const std::uint32_t low = shared_u32(qs), high = shared_u32(qs + 16), d_and_dmin = shared_u32(b);
+    const std::uint32_t words[3] = {shared_u32(b->scales), shared_u32(b->scales + 4), shared_u32(b->scales + 8)};
+    std::uint32_t scales, mins;
+    q4_k_scale_min_pair(words, p, scales, mins);
+    const float d = half_bits_to_float(d_and_dmin & 0xFFFFu), dmin = half_bits_to_float(d_and_dmin >> 16);
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+        w[k] = {(low >> (4 * k)) & 0x0F0F0F0Fu, (high >> (4 * k)) & 0x0F0F0F0Fu, d * float((scales >> (8 * k)) & 0xFFu),
+                -dmin * float((mins >> (8 * k)) & 0xFFu)};
+}
+
+struct Int8Q4_K : ScaledInLoad {
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::BLOCK;
     static constexpr bool HALF_SCALES = false;
-    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
-        const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(row) + block / 8;
-        const int j = block % 8, shift = 4 * (j % 2);
-        const std::uint8_t* qs = b->qs + 32 * (j / 2) + 4 * t;
-        const std::uint32_t d_and_dmin = shared_u32(b);
-        int scale, min;
-        q4_k_scale_min(b->scales, j, scale, min);
-        return {(shared_u32(qs) >> shift) & 0x0F0F0F0Fu, (shared_u32(qs + 16) >> shift) & 0x0F0F0F0Fu,
-                half_bits_to_float(d_and_dmin & 0xFFFFu) * float(scale),
-                -half_bits_to_float(d_and_dmin >> 16) * float(min)};
+    static constexpr int STEP_BLOCKS = 2;
+    __device__ static int block_of(int step, int k) { return 2 * step + k; }
+    __device__ static void load_pair(const std::uint8_t* row, int step, int t, Raw (&w)[2]) {
+        load_q4_k_pair(reinterpret_cast<const BlockQ4_K*>(row) + step / 4, step, t, w);
     }
 };
 
-// Q5_K: Q4_K's nibbles and scales, the fifth bit of value i of sub-block j bit j of qh byte i. 176-byte
-// super-blocks keep a 16-byte boundary.
-struct Int8Q5_K : BlockScaled {
+// Q5_K: Q4_K's nibbles and scales, the fifth bit of value i of block j bit j of qh byte i (bits j and j + 1 of
+// the same qh bytes for the pair).
+struct Int8Q5_K : ScaledInLoad {
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::BLOCK;
     static constexpr bool HALF_SCALES = false;
-    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
-        const BlockQ5_K* b = reinterpret_cast<const BlockQ5_K*>(row) + block / 8;
-        const int j = block % 8, shift = 4 * (j % 2);
-        const std::uint8_t* qs = b->qs + 32 * (j / 2) + 4 * t;
-        const std::uint8_t* qh = b->qh + 4 * t;
-        const std::uint32_t d_and_dmin = shared_u32(b);
-        int scale, min;
-        q4_k_scale_min(b->scales, j, scale, min);
-        return {((shared_u32(qs) >> shift) & 0x0F0F0F0Fu) | (((shared_u32(qh) >> j) & 0x01010101u) << 4),
-                ((shared_u32(qs + 16) >> shift) & 0x0F0F0F0Fu) | (((shared_u32(qh + 16) >> j) & 0x01010101u) << 4),
-                half_bits_to_float(d_and_dmin & 0xFFFFu) * float(scale),
-                -half_bits_to_float(d_and_dmin >> 16) * float(min)};
+    static constexpr int STEP_BLOCKS = 2;
+    __device__ static int block_of(int step, int k) { return 2 * step + k; }
+    __device__ static void load_pair(const std::uint8_t* row, int step, int t, Raw (&w)[2]) {
+        const BlockQ5_K* b = reinterpret_cast<const BlockQ5_K*>(row) + step / 4;
+        load_q4_k_pair(b, step, t, w);
+        const int j = 2 * (step % 4);
+        const std::uint32_t low = shared_u32(b->qh + 4 * t), high = shared_u32(b->qh + 16 + 4 * t);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            w[k].low |= ((low >> (j + k)) & 0x01010101u) << 4;
+            w[k].high |= ((high >> (j + k)) & 0x01010101u) << 4;
+        }
     }
 };
 
-// Block j of a Q6_K super-block (values 32j .. 32j + 31, in half h = j / 4, quarter r = j % 4; ggml_formats.cuh
-// has the layout): the low (r < 2) or high nibbles of ql bytes 64h + 32(r % 2) .., with bits 2r and 2r + 1 of
-// qh bytes 32h .. above them, scales 2j and 2j + 1 for its two halves. 210-byte super-blocks keep a 2-byte
-// boundary only.
-struct Int8Q6_K : HalfScaled {
-    static constexpr int ZERO = 0;  // q - 32 is made a signed byte in load, not subtracted in the MMA
+// Blocks j and j + 2 of a Q6_K super-block (in half h = j / 4, quarters r = j % 4 < 2 and r + 2; step p is
+// h = (p % 4) / 2, r = p % 2; ggml_formats.cuh has the layout): the low and the high nibbles of the same ql bytes
+// 64h + 32r .., with bits 2r, 2r + 1 and 2r + 4, 2r + 5 of the same qh bytes 32h .. above them; block j's
+// 16-value sub-blocks 2j and 2j + 1 have scale d * scales[s]. 210-byte super-blocks keep a 2-byte boundary only.
+struct Int8Q6_K : ScaledInLoad {
+    static constexpr int ZERO = 0;  // q - 32 is made a signed byte in load_pair, not subtracted in the MMA
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = true;
-    __device__ static Raw load(const std::uint8_t* row, int block, int t) {
-        const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + block / 8;
-        const int j = block % 8, h = j / 4, r = j % 4;
-        const std::uint8_t* ql = b->ql + 64 * h + 32 * (r % 2) + 4 * t;
+    static constexpr int STEP_BLOCKS = 2;
+    __device__ static int block_of(int step, int k) { return 4 * (step / 2) + step % 2 + 2 * k; }
+    __device__ static void load_pair(const std::uint8_t* row, int step, int t, Raw (&w)[2]) {
+        const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(row) + step / 4;
+        const int h = (step % 4) / 2, r = step % 2, j = 4 * h + r;
+        const std::uint8_t* ql = b->ql + 64 * h + 32 * r + 4 * t;
         const std::uint8_t* qh = b->qh + 32 * h + 4 * t;
-        const int nibble_shift = 4 * (r / 2), high_shift = 2 * r;
-        const auto value = [&](int offset) {
-            return centred<0x20u, 0x06u>(((shared_word(ql + offset) >> nibble_shift) & 0x0F0F0F0Fu) |
-                                         (((shared_word(qh + offset) >> high_shift) & 0x03030303u) << 4));
-        };
+        const std::uint32_t low_bits[2] = {shared_word(ql), shared_word(ql + 16)};
+        const std::uint32_t high_bits[2] = {shared_word(qh), shared_word(qh + 16)};
         const float d = half_bits_to_float(shared_u16(&b->d));
-        return {value(0), value(16), d * float(b->scales[2 * j]), d * float(b->scales[2 * j + 1])};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const auto value = [&](int i) {
+                return centred<0x20u, 0x06u>(((low_bits[i] >> (4 * k)) & 0x0F0F0F0Fu) |
+                                             (((high_bits[i] >> (2 * r + 4 * k)) & 0x03030303u) << 4));
+            };
+            w[k] = {value(0), value(1), d * float(b->scales[2 * (j + 2 * k) + t % 2]), 0.0f};
+        }
     }
 };
 
@@ -376,6 +407,7 @@ struct Int8IQ4_XS {
     static constexpr int ZERO = 0;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = false;
+    static constexpr int STEP_BLOCKS = 1;
     struct Raw {
         std::uint32_t qs;
         float scale;
@@ -639,60 +671,114 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
 
 // ---- The products -----------------------------------------------------------------------------------------
 
-// The products of blocks begin .. end - 1 of a staged slice (x block x_first + block) for the chunk's `tiles`
-// tiles, rows[tile][0] (tile row g) and rows[tile][1] (g + 8), added to sums[tile][0] and [1], each row's columns
-// still spread over lanes t = 0..3 of group g. The x operands of a block are loaded once for both tiles.
+// A step of a format: its STEP_BLOCKS blocks' Raw, and where they lie in the row.
+template <class Format>
+struct Step {
+    typename Format::Raw block[Format::STEP_BLOCKS];
+};
+template <class Format>
+__device__ __forceinline__ Step<Format> load_step(const std::uint8_t* row, int step, int t) {
+    Step<Format> w;
+    if constexpr (Format::STEP_BLOCKS == 1) {
+        w.block[0] = Format::load(row, step, t);
+    } else {
+        Format::load_pair(row, step, t, w.block);
+    }
+    return w;
+}
+template <class Format>
+__device__ __forceinline__ int step_block(int step, int k) {
+    if constexpr (Format::STEP_BLOCKS == 1) {
+        return step;
+    } else {
+        return Format::block_of(step, k);
+    }
+}
+
+// What lane (g, t) brings of one x block to its MMAs: B's column g (b0: k 4t .. 4t + 3, b1: k 16 + 4t ..), the
+// accumulator's start (the zero point's term), the lane's weight on its pair of columns, and the x sum its
+// offsets multiply.
+struct XBlock {
+    std::uint32_t b0, b1;
+    int zero0, zero1;
+    float scale, offset_sum;
+};
+
+// The products of steps begin .. end - 1 of a staged slice (x block x_first + block for each of their blocks) for
+// the chunk's `tiles` tiles, rows[tile][0] (tile row g) and rows[tile][1] (g + 8), added to sums[tile][0] and
+// [1], each row's columns still spread over lanes t = 0..3 of group g. The x operands of a block are loaded once
+// for both tiles.
+//
+// B's columns, and what lane t's accumulator pair (columns 2t and 2t + 1, combined as D_2t * 128 + D_2t+1) holds:
+//   - one scale a block: columns 0, 1, 2 are the parts q1, q2, q3. Lane 0 holds q1 and q2 (weight 1 / 128 on
+//     the pair), lane 1 q3 and a zero column (1 / 16384 / 128), lanes 2 and 3 zero columns.
+//   - a scale a 16-value half (HALF_SCALES): columns 0, 1 are q1, q2 over the low half (the high half's values
+//     zero), 2, 3 the same over the high half, 4 and 6 q3 over the low and the high half, 5 and 7 zero. Lane t
+//     holds half t % 2: q1 and q2 (t < 2, weight 1 / 128) or q3 (t >= 2, 1 / 16384 / 128), with that half's scale.
+// The offsets' x sums go to the lanes that hold q1: lane 0 the block's (or the low half's), lane 1 the high half's.
 template <class Format>
 __device__ __forceinline__ void slice_products(const std::uint8_t* const (&rows)[MAX_TILES][2], int tiles, int begin,
                                                int end, int x_first, const QuantizedX& q, int g, int t,
                                                float (&sums)[MAX_TILES][2]) {
-    // Lane t's accumulator pair holds columns 2t and 2t + 1, combined as D_2t * 128 + D_2t+1: for t = 0 the
-    // parts q1 and q2 (weight 1 / 128 on the pair), for t = 1 q3 and a zero column (1 / 16384 / 128), for
-    // t = 2, 3 zero columns.
-    const float column_weight =
-        t == 0 ? 1.0f / PART_SCALE : (t == 1 ? 1.0f / (PART_SCALE * PART_SCALE * PART_SCALE) : 0.0f);
-    const bool holds_part = g < PARTS;  // lane (g, t) holds column g of B: part g, or a zero column
-    const std::int8_t* part_row = q.parts + min(g, PARTS - 1) * q.part_stride + 4 * t;
-#pragma unroll 2
-    for (int block = begin; block < end; ++block) {
-        const int xb = x_first + block;
-        const std::uint32_t b0 = holds_part ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK) : 0u;
-        const std::uint32_t b1 = holds_part ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK + 16) : 0u;
-        const int2 part_sums = t < 2 ? *reinterpret_cast<const int2*>(q.part_sums + 4 * xb + 2 * t) : make_int2(0, 0);
-        const int zero0 = -Format::ZERO * part_sums.x, zero1 = -Format::ZERO * part_sums.y;
-        const float lane_scale = q.scales[xb] * column_weight;
-        // The offsets' x sums, on lane t = 0 alone (the four lanes of a row are summed at the end).
-        const float2 half_sums = Format::OFFSETS != Offsets::NONE && t == 0 ? q.half_sums[xb] : make_float2(0.0f, 0.0f);
+    static_assert(Format::ZERO == 0 || !Format::HALF_SCALES, "the zero term's sums are of whole blocks");
+    constexpr float Q1_Q2 = 1.0f / PART_SCALE, Q3 = 1.0f / (PART_SCALE * PART_SCALE * PART_SCALE);
+    float column_weight;
+    int part;
+    bool low_half, high_half;  // the halves of the block whose values lane (g, t) puts in column g of B
+    if constexpr (Format::HALF_SCALES) {
+        column_weight = t < 2 ? Q1_Q2 : Q3;
+        part = g < 4 ? g % 2 : 2;
+        low_half = g == 0 || g == 1 || g == 4;
+        high_half = g == 2 || g == 3 || g == 6;
+    } else {
+        column_weight = t == 0 ? Q1_Q2 : (t == 1 ? Q3 : 0.0f);
+        part = min(g, PARTS - 1);
+        low_half = high_half = g < PARTS;
+    }
+    const std::int8_t* part_row = q.parts + part * q.part_stride + 4 * t;
+    const auto x_block = [&](int xb) {
+        XBlock x;
+        x.b0 = low_half ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK) : 0u;
+        x.b1 = high_half ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK + 16) : 0u;
+        const int2 part_sums = Format::ZERO != 0 && t < 2 ? *reinterpret_cast<const int2*>(q.part_sums + 4 * xb + 2 * t)
+                                                          : make_int2(0, 0);
+        x.zero0 = -Format::ZERO * part_sums.x;
+        x.zero1 = -Format::ZERO * part_sums.y;
+        x.scale = q.scales[xb] * column_weight;
+        x.offset_sum = 0.0f;
+        if constexpr (Format::OFFSETS == Offsets::BLOCK) {
+            if (t == 0) x.offset_sum = q.half_sums[xb].x + q.half_sums[xb].y;
+        } else if constexpr (Format::OFFSETS == Offsets::HALVES) {
+            if (t < 2) x.offset_sum = t == 0 ? q.half_sums[xb].x : q.half_sums[xb].y;
+        }
+        return x;
+    };
+    // Two one-block steps a pass, so one block's loads are in flight while the other's MMA waits; a pair's loads
+    // and decoding give its two MMAs that already.
+    constexpr int UNROLL = Format::STEP_BLOCKS == 1 ? 2 : 1;
+#pragma unroll UNROLL
+    for (int step = begin; step < end; ++step) {
+        XBlock x[Format::STEP_BLOCKS];
+#pragma unroll
+        for (int k = 0; k < Format::STEP_BLOCKS; ++k) x[k] = x_block(x_first + step_block<Format>(step, k));
 #pragma unroll
         for (int tile = 0; tile < MAX_TILES; ++tile) {
             if (tile >= tiles) break;
-            const typename Format::Raw w[2] = {Format::load(rows[tile][0], block, t), Format::load(rows[tile][1], block, t)};
-            std::uint32_t a[4];
-            Format::quants(w[0], a[0], a[2]);
-            Format::quants(w[1], a[1], a[3]);
-            int d[4];
-            if constexpr (Format::HALF_SCALES) {
-                // One MMA per 16-value half, the other half's quants zeroed: each sum gets its own scale.
-                static_assert(Format::ZERO == 0, "both halves' MMAs would count the zero term");
-                const std::uint32_t low_half[4] = {a[0], a[1], 0u, 0u}, high_half[4] = {0u, 0u, a[2], a[3]};
-                int d_high[4];
-                mma_int8(d, low_half, b0, b1, 0, 0);
-                mma_int8(d_high, high_half, b0, b1, 0, 0);
+            const Step<Format> w[2] = {load_step<Format>(rows[tile][0], step, t),
+                                       load_step<Format>(rows[tile][1], step, t)};
+#pragma unroll
+            for (int k = 0; k < Format::STEP_BLOCKS; ++k) {
+                std::uint32_t a[4];
+                Format::quants(w[0].block[k], a[0], a[2]);
+                Format::quants(w[1].block[k], a[1], a[3]);
+                int d[4];
+                mma_int8(d, a, x[k].b0, x[k].b1, x[k].zero0, x[k].zero1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    sums[tile][h] += (float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * Format::scale(w[h]) +
-                                      float(d_high[2 * h] * PART_SCALE + d_high[2 * h + 1]) * Format::scale_high(w[h])) *
-                                     lane_scale;
-                    if constexpr (Format::OFFSETS == Offsets::HALVES)
-                        sums[tile][h] += Format::offset(w[h]) * half_sums.x + Format::offset_high(w[h]) * half_sums.y;
-                }
-            } else {
-                mma_int8(d, a, b0, b1, zero0, zero1);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    sums[tile][h] += float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * (Format::scale(w[h]) * lane_scale);
-                    if constexpr (Format::OFFSETS == Offsets::BLOCK)
-                        sums[tile][h] += Format::offset(w[h]) * (half_sums.x + half_sums.y);
+                    sums[tile][h] +=
+                        float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * (Format::scale(w[h].block[k]) * x[k].scale);
+                    if constexpr (Format::OFFSETS != Offsets::NONE)
+                        sums[tile][h] += Format::offset(w[h].block[k]) * x[k].offset_sum;
                 }
             }
         }
@@ -777,8 +863,9 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
             for (int h = 0; h < 2; ++h) rows[tile][h] = buffer + offsets[stage][min(tile, launch.tiles - 1) * TILE_ROWS + g + 8 * h];
         }
         const int first = slice * launch.slice_values;
-        const int n_blocks = min(launch.slice_values, launch.in_features - first) / QK;
-        const int begin = warp * n_blocks / CONSUMERS, end = (warp + 1) * n_blocks / CONSUMERS;
+        // The slice's steps split among the consumers (a K-quant slice is whole super-blocks: whole pairs).
+        const int n_steps = min(launch.slice_values, launch.in_features - first) / QK / Format::STEP_BLOCKS;
+        const int begin = warp * n_steps / CONSUMERS, end = (warp + 1) * n_steps / CONSUMERS;
         slice_products<Format>(rows, launch.tiles, begin, end, first / QK, q, g, t, sums);
         __syncwarp();
         if (lane == 0) arrive(&empty[stage]);  // this warp is done with the stage
@@ -889,7 +976,7 @@ std::size_t align_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 // 12.1 us in Q4_0) and above (1B's gate|up, 254K; the output heads, 1M), and loses at 66K (Qwen2.5-0.5B's
 // gate|up, 2 x 4864 x 896: 6.7 against 5.5 us) and below (1B's q|k|v, 48K; attn_output, 32K), where one memory
 // round trip per warp (gemv.cu) beats a pipeline of one or two items a block. A Q6_K gate|up is the exception
-// (25.9 against 19.8 us at 2048-value rows, session 11): two MMAs a block.
+// (25.9 against 19.8 us at 2048-value rows, session 11, when a Q6_K block took two MMAs; not measured since).
 constexpr double PREFERRED_VALUES_PER_SM = 96 * 1024;
 template <bool ADD_RESIDUAL>
 bool prefers_format(const StoreRows<1, ADD_RESIDUAL>&) {
