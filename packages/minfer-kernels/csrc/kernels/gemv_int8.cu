@@ -19,7 +19,7 @@
 // and the warps multiply them on the integer tensor cores: a 32-value block of 16 rows is one
 // mma.sync.m16n8k32 (int8 times int8, int32 sums) whose A operand is the block's quants as stored, after at
 // most a mask and a shift per 8 values (IQ4_NL's and IQ4_XS's: the int8 levels its nibbles index, looked up
-// with byte permutes; Q3_K's and Q6_K's: made signed by a bit flip and a sign extension).
+// with byte permutes).
 //
 // The activations as integers, without losing float32's precision. x (times the norm weight) is cut into
 // 32-value blocks like the weights; block b gets the scale d_b = max |x_j| / 127 and each value three int8
@@ -30,8 +30,8 @@
 // each of the tile's rows, the three dot products D_c = sum_j w_j q_c,j, exactly, and the block adds
 //     s_w * d_b * (D_1 + D_2 / 128 + D_3 / 16384)
 // to the row, s_w the weight block's scale. What a format adds to that:
-//   - a zero point z (w = s (q - z): Q4_0's 8, Q5_0's 16) costs nothing: the MMA's accumulator starts at
-//     -z * sum_j q_c,j;
+//   - a zero point z (w = s (q - z): Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32) costs nothing: the MMA's
+//     accumulator starts at -z * sum_j q_c,j (over the column's values: a half's, where B's columns are halves);
 //   - an offset m (w = s q + m: Q4_1's and Q5_1's m, the K-quants' -dmin * min) adds m * sum_j x_j;
 //   - scales of 16-value halves (Q2_K, Q3_K, Q6_K) split B instead of the block: each part's low 16 values and
 //     its high 16 are columns of their own (six of the eight), so one MMA gives each half's sums apart, and each
@@ -127,15 +127,6 @@ __host__ __device__ inline StorageBlock storage_block(int type) {
 // block_of(step, 0) and block_of(step, 1).
 
 enum class Offsets { NONE, BLOCK, HALVES };  // no m; one m for the block; one for each 16-value half
-
-// Four 6-bit (Q6_K) or 3-bit (Q3_K) values of a word's bytes made the signed bytes q - 32 or q - 4: flipping the
-// sign bit gives q - zero in two's complement of that width, whose sign bit `top` then fills the bits above it
-// (top * fill sets bits top .. 7 of a byte: no carry reaches the next byte).
-template <std::uint32_t TOP, std::uint32_t FILL>
-__device__ __forceinline__ std::uint32_t centred(std::uint32_t q) {
-    const std::uint32_t x = q ^ (TOP * 0x01010101u);
-    return x | ((x & (TOP * 0x01010101u)) * FILL);
-}
 
 // The formats that decode their quants in load: their Raw holds the two A-fragment words, `low` and `high`.
 struct DecodedInLoad {
@@ -295,10 +286,10 @@ struct Int8Q2_K : ScaledInLoad {
 };
 
 // Blocks j = 2(p % 4) and j + 1 of a Q3_K super-block: Q2_K's two low bits, the third bits 4h + r and 4h + r + 1
-// of the same hmask bytes 0 .., each 3-bit value q - 4 made a signed byte; block j's 16-value sub-blocks 2j and
-// 2j + 1 have scale d * q3_k_scale. 110-byte super-blocks keep a 2-byte boundary only.
+// of the same hmask bytes 0 .. above them (the 3-bit value is q + 4); block j's 16-value sub-blocks 2j and 2j + 1
+// have scale d * q3_k_scale. 110-byte super-blocks keep a 2-byte boundary only.
 struct Int8Q3_K : ScaledInLoad {
-    static constexpr int ZERO = 0;  // q - 4 is made a signed byte in load_pair, not subtracted in the MMA
+    static constexpr int ZERO = 4;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = true;
     static constexpr int STEP_BLOCKS = 2;
@@ -314,8 +305,8 @@ struct Int8Q3_K : ScaledInLoad {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const auto value = [&](int i) {
-                return centred<0x04u, 0x3Eu>(((low_bits[i] >> (2 * (r + k))) & 0x03030303u) |
-                                             (((third_bits[i] >> (4 * h + r + k)) & 0x01010101u) << 2));
+                return ((low_bits[i] >> (2 * (r + k))) & 0x03030303u) |
+                       (((third_bits[i] >> (4 * h + r + k)) & 0x01010101u) << 2);
             };
             w[k] = {value(0), value(1), d * float(q3_k_scale(b->scales, 2 * (j + k) + t % 2)), 0.0f};
         }
@@ -377,7 +368,7 @@ struct Int8Q5_K : ScaledInLoad {
 // 64h + 32r .., with bits 2r, 2r + 1 and 2r + 4, 2r + 5 of the same qh bytes 32h .. above them; block j's
 // 16-value sub-blocks 2j and 2j + 1 have scale d * scales[s]. 210-byte super-blocks keep a 2-byte boundary only.
 struct Int8Q6_K : ScaledInLoad {
-    static constexpr int ZERO = 0;  // q - 32 is made a signed byte in load_pair, not subtracted in the MMA
+    static constexpr int ZERO = 32;
     static constexpr Offsets OFFSETS = Offsets::NONE;
     static constexpr bool HALF_SCALES = true;
     static constexpr int STEP_BLOCKS = 2;
@@ -393,8 +384,8 @@ struct Int8Q6_K : ScaledInLoad {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const auto value = [&](int i) {
-                return centred<0x20u, 0x06u>(((low_bits[i] >> (4 * k)) & 0x0F0F0F0Fu) |
-                                             (((high_bits[i] >> (2 * r + 4 * k)) & 0x03030303u) << 4));
+                return ((low_bits[i] >> (4 * k)) & 0x0F0F0F0Fu) |
+                       (((high_bits[i] >> (2 * r + 4 * k)) & 0x03030303u) << 4);
             };
             w[k] = {value(0), value(1), d * float(b->scales[2 * (j + 2 * k) + t % 2]), 0.0f};
         }
@@ -428,26 +419,30 @@ struct Int8IQ4_XS {
 // ---- x, quantized into shared memory ---------------------------------------------------------------------
 
 // Per 32-value block b of x: the sums of each part's values (the zero points' accumulator start; a fourth, 0,
-// pads to 16 bytes), the sums of the block's two 16-value halves (of the quantized values, in x's units: the
-// offsets'), d_b; then the parts, one row of in_features int8 each. The padding after each part's row puts
-// the words that lanes (0, t), (1, t) and (2, t) read at once into different banks.
+// pads to 16 bytes), the same over each 16-value half in the order of B's columns where they are halves
+// (slice_products: q1, q2 of the low half, of the high half, q3 of the low half, 0, of the high half, 0), the
+// sums of the block's two halves (of the quantized values, in x's units: the offsets'), d_b; then the parts, one
+// row of in_features int8 each. The padding after each part's row puts the words that lanes (0, t), (1, t) and
+// (2, t) read at once into different banks.
 struct QuantizedX {
-    int* part_sums;      // [n_blocks][4]
-    float2* half_sums;   // [n_blocks]
-    float* scales;       // [n_blocks]
-    std::int8_t* parts;  // [PARTS][part_stride]
+    int* part_sums;       // [n_blocks][4]
+    int* half_part_sums;  // [n_blocks][8]
+    float2* half_sums;    // [n_blocks]
+    float* scales;        // [n_blocks]
+    std::int8_t* parts;   // [PARTS][part_stride]
     int part_stride;
 
     __host__ __device__ static std::size_t bytes(int in_features) {
         const std::size_t n_blocks = in_features / QK;
-        return n_blocks * (4 * sizeof(int) + sizeof(float2) + sizeof(float)) +
+        return n_blocks * (12 * sizeof(int) + sizeof(float2) + sizeof(float)) +
                PARTS * std::size_t(in_features + PART_PADDING);
     }
     __device__ static QuantizedX in(std::uint8_t* shared, int in_features) {
         const int n_blocks = in_features / QK;
         QuantizedX q;
         q.part_sums = reinterpret_cast<int*>(shared);
-        q.half_sums = reinterpret_cast<float2*>(q.part_sums + 4 * n_blocks);
+        q.half_part_sums = q.part_sums + 4 * n_blocks;
+        q.half_sums = reinterpret_cast<float2*>(q.half_part_sums + 8 * n_blocks);
         q.scales = reinterpret_cast<float*>(q.half_sums + n_blocks);
         q.parts = reinterpret_cast<std::int8_t*>(q.scales + n_blocks);
         q.part_stride = in_features + PART_PADDING;
@@ -664,6 +659,11 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
             } else if (lane % 8 == 4) {
                 q.half_sums[block].y = half_sum;
             }
+            if (lane % 4 == 0) {  // lane 8b: the low half's sums, lane 8b + 4: the high half's
+                int* sums = q.half_part_sums + 8 * block + (lane % 8) / 2;
+                *reinterpret_cast<int2*>(sums) = make_int2(half[0], half[1]);
+                *reinterpret_cast<int2*>(sums + 4) = make_int2(half[2], 0);
+            }
         }
     }
     return squares;
@@ -720,7 +720,6 @@ template <class Format>
 __device__ __forceinline__ void slice_products(const std::uint8_t* const (&rows)[MAX_TILES][2], int tiles, int begin,
                                                int end, int x_first, const QuantizedX& q, int g, int t,
                                                float (&sums)[MAX_TILES][2]) {
-    static_assert(Format::ZERO == 0 || !Format::HALF_SCALES, "the zero term's sums are of whole blocks");
     constexpr float Q1_Q2 = 1.0f / PART_SCALE, Q3 = 1.0f / (PART_SCALE * PART_SCALE * PART_SCALE);
     float column_weight;
     int part;
@@ -740,8 +739,13 @@ __device__ __forceinline__ void slice_products(const std::uint8_t* const (&rows)
         XBlock x;
         x.b0 = low_half ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK) : 0u;
         x.b1 = high_half ? *reinterpret_cast<const std::uint32_t*>(part_row + xb * QK + 16) : 0u;
-        const int2 part_sums = Format::ZERO != 0 && t < 2 ? *reinterpret_cast<const int2*>(q.part_sums + 4 * xb + 2 * t)
-                                                          : make_int2(0, 0);
+        // The sums of lane t's two columns (half_part_sums' order is the half columns').
+        int2 part_sums = make_int2(0, 0);
+        if constexpr (Format::ZERO != 0 && Format::HALF_SCALES) {
+            part_sums = *reinterpret_cast<const int2*>(q.half_part_sums + 8 * xb + 2 * t);
+        } else if constexpr (Format::ZERO != 0) {
+            if (t < 2) part_sums = *reinterpret_cast<const int2*>(q.part_sums + 4 * xb + 2 * t);
+        }
         x.zero0 = -Format::ZERO * part_sums.x;
         x.zero1 = -Format::ZERO * part_sums.y;
         x.scale = q.scales[xb] * column_weight;
