@@ -671,7 +671,7 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
 
 // ---- The products -----------------------------------------------------------------------------------------
 
-// A step of a format: its STEP_BLOCKS blocks' Raw, and where they lie in the row.
+// A step of a format: its STEP_BLOCKS blocks' Raw (load_step), and where those blocks lie in the row (step_block).
 template <class Format>
 struct Step {
     typename Format::Raw block[Format::STEP_BLOCKS];
