@@ -14,12 +14,13 @@
 # So one call measures several candidate branches against one baseline (this tree one of them, named "this").
 # Knobs of `run`: MINFER_AB_TREES (the trees that take part, in order, the baseline first: prepared ones by NAME,
 # the working tree as "this"; default every prepared tree in prepare's order, then this), MINFER_AB_TYPES
-# (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M), MINFER_AB_PRESET (their shapes, default
-# qwen2.5-0.5b), MINFER_AB_MODELS (GGUF files to bench instead of the synthetic models: llama-quantize's presets
-# that tools/bench-vs-llamacpp.sh leaves in its WORKDIR, say), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r,
-# default 10), MINFER_AB_ARGS (more bench flags, default -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu
-# builds no kernels), MINFER_CUDA_ARCHS (default native), PYTHON (default python3). Wheels in ./.whl/ are installed
-# first, as tools/gpu-check.sh does. Logs and the table: $OUT when the device tool runs this, else build/gpu-ab.
+# (weight types of the synthetic models, default Q4_0 Q8_0 Q4_K_M; Q4_0, Q4_1, Q5_0 and Q5_1 with llama-quantize's
+# Q6_K head), MINFER_AB_PRESET (their shapes, default qwen2.5-0.5b), MINFER_AB_MODELS (GGUF files to bench
+# instead of the synthetic models: llama-quantize's presets that tools/bench-vs-llamacpp.sh leaves in its WORKDIR,
+# say), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r, default 10), MINFER_AB_ARGS (more bench flags, default
+# -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu builds no kernels), MINFER_CUDA_ARCHS (default native),
+# PYTHON (default python3). Wheels in ./.whl/ are installed first, as tools/gpu-check.sh does. Logs and the table:
+# $OUT when the device tool runs this, else build/gpu-ab.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -109,11 +110,15 @@ done
 if [ -z "${MINFER_AB_MODELS:-}" ]; then
     mkdir -p /tmp/minfer-bench
     for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
-        model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type.gguf"
+        # The files issue 17's table measures are llama-quantize's, whose Q4_0, Q4_1, Q5_0 and Q5_1 models have a
+        # Q6_K output head (Q8_0 where rows are not whole super-blocks): these have it too.
+        head=()
+        case $weight_type in Q4_0 | Q4_1 | Q5_0 | Q5_1) head=(--output-tensor-type Q6_K) ;; esac
+        model="/tmp/minfer-bench/${MINFER_AB_PRESET:-qwen2.5-0.5b}-$weight_type${head[*]:+-head-Q6_K}.gguf"
         MODELS+=("$model")
         [ -f "$model" ] && continue
         PYTHONPATH=packages/minfer-runtime/src${PYTHONPATH:+:$PYTHONPATH} "$PYTHON" -m minfer.testing.synthetic \
-            "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" --weight-type "$weight_type" \
+            "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" --weight-type "$weight_type" "${head[@]}" \
             > "$LOGS/synthetic-$weight_type.log" 2>&1 &
         JOBS+=("$!:synthetic-$weight_type")
     done

@@ -114,6 +114,30 @@ def test_the_command_writes_a_whole_model_and_nothing_beside_it(tmp_path, monkey
     assert str(out) in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_output_tensor_type_is_the_heads_as_llama_quantize_writes_it(tmp_path, monkeypatch, tied):
+    """--output-tensor-type (llama-quantize's: its Q4_0 models have a Q6_K head) types the output head alone: the
+    tied token embedding where the model multiplies by it, else output.weight; Q8_0 where rows are not whole
+    super-blocks, as llama-quantize's fallback."""
+    q4_0, q6_k, q8_0 = (GGMLQuantizationType[t] for t in ("Q4_0", "Q6_K", "Q8_0"))
+    head = "token_embd.weight" if tied else "output.weight"
+    for d_model, expected in ((256, q6_k), (64, q8_0)):
+        spec = scaled("tiny-llama", d_model=d_model, d_ff=128, n_layers=1, tied_output=tied)
+        types = {name: t.qtype for name, t in GGUFFile(
+            write_synthetic_model(tmp_path / f"{d_model}.gguf", spec, weight_type="Q4_0", output_type="Q6_K")
+        ).tensors.items() if len(t.shape) == 2}  # fmt: skip
+        assert types.pop(head) == expected
+        assert set(types.values()) == {q4_0}, types
+    out = tmp_path / "command.gguf"
+    argv = ["synthetic", str(out), "--preset", "tiny-llama", "--weight-type", "Q4_0", "--output-tensor-type", "Q8_0"]
+    monkeypatch.setattr(sys, "argv", argv)
+    synthetic.main()
+    assert GGUFFile(out).tensors["output.weight"].qtype == q8_0
+    assert GGUFFile(out).tensors["token_embd.weight"].qtype == q4_0
+    with pytest.raises(ValueError, match="unknown output tensor type 'Q7_K'"):
+        write_synthetic_model(tmp_path / "bad.gguf", "tiny-llama", weight_type="Q4_0", output_type="Q7_K")
+
+
 def test_an_interrupted_command_leaves_no_model(tmp_path, monkeypatch):
     """The scripts write a model only where its file is missing: a cut-short write must not leave one there."""
     out = tmp_path / "tiny.gguf"

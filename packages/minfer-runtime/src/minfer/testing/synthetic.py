@@ -167,10 +167,16 @@ def uses_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
+def is_output_head(name: str, tied_output: bool) -> bool:
+    """The output head's matrix: output.weight, or the token embedding that a tied model multiplies by instead
+    (llama-quantize gives it the output's type)."""
+    return name == "output.weight" or (tied_output and name == "token_embd.weight")
+
+
 def q4_k_m_type(name: str, row_length: int, n_layers: int, tied_output: bool) -> GGMLQuantizationType:
     """The type llama-quantize gives a matrix in a Q4_K_M model (its llama_tensor_get_type: a fused attn_qkv
     gets Q5_K)."""
-    if name == "output.weight" or (tied_output and name == "token_embd.weight"):
+    if is_output_head(name, tied_output):
         qtype = GGMLQuantizationType.Q6_K
     elif name.endswith("attn_qkv.weight"):
         qtype = GGMLQuantizationType.Q5_K
@@ -182,10 +188,17 @@ def q4_k_m_type(name: str, row_length: int, n_layers: int, tied_output: bool) ->
     return qtype if row_length % 256 == 0 else K_QUANT_FALLBACK[qtype]
 
 
-def matrix_type(spec: SyntheticSpec, weight_type: str, name: str, row_length: int) -> GGMLQuantizationType:
-    if weight_type == "Q4_K_M":
+def matrix_type(
+    spec: SyntheticSpec, weight_type: str, name: str, row_length: int, output_type: str | None = None
+) -> GGMLQuantizationType:
+    """A matrix's type: `weight_type`'s (a mix's choice for this matrix), the output head's `output_type` where
+    one is given; a K-quant falls back as llama-quantize's does where rows are not whole super-blocks."""
+    if output_type is not None and is_output_head(name, spec.tied_output):
+        qtype = WEIGHT_TYPES[output_type]
+    elif weight_type == "Q4_K_M":
         return q4_k_m_type(name, row_length, spec.n_layers, spec.tied_output)
-    qtype = WEIGHT_TYPES[weight_type]
+    else:
+        qtype = WEIGHT_TYPES[weight_type]
     return K_QUANT_FALLBACK[qtype] if qtype in K_QUANT_FALLBACK and row_length % 256 else qtype
 
 
@@ -207,17 +220,23 @@ def write_synthetic_model(
     spec: SyntheticSpec | str = "tiny-llama",
     *,
     weight_type: str = "Q8_0",
+    output_type: str | None = None,
     seed: int = 0,
     pre: str | None = None,
 ) -> Path:
     """Write a GGUF with random weights: matrices in `weight_type`, norms and biases in F32.
 
-    `pre` picks the tokenizer's pre-tokenizer (default: `qwen2` for qwen2, `smollm` otherwise).
+    `output_type` is the output head's type, as llama-quantize's --output-tensor-type (the tied token embedding's
+    in a tied model; None: the head is a matrix like the others). llama-quantize's Q4_0, Q4_1, Q5_0 and Q5_1
+    models have a Q6_K head: those files are `weight_type="Q4_0", output_type="Q6_K"`. `pre` picks the
+    tokenizer's pre-tokenizer (default: `qwen2` for qwen2, `smollm` otherwise).
     """
     if isinstance(spec, str):
         spec = PRESETS[spec]
     if weight_type not in (*WEIGHT_TYPES, *MIXES):
         raise ValueError(f"unknown weight type {weight_type!r} (choose from {', '.join([*WEIGHT_TYPES, *MIXES])})")
+    if output_type is not None and output_type not in WEIGHT_TYPES:
+        raise ValueError(f"unknown output tensor type {output_type!r} (choose from {', '.join(WEIGHT_TYPES)})")
     path = Path(path)
     writer = GGUFWriter(str(path), spec.architecture)
     writer.add_name(f"synthetic-{spec.architecture}-{spec.n_layers}L-{spec.d_model}d-{weight_type}")
@@ -260,7 +279,7 @@ def write_synthetic_model(
         if values.ndim == 1:
             writer.add_tensor(name, values)
         else:
-            qtype = matrix_type(spec, weight_type, name, values.shape[-1])
+            qtype = matrix_type(spec, weight_type, name, values.shape[-1], output_type)
             writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -324,13 +343,20 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen2.5-0.5b")
     parser.add_argument("--weight-type", choices=sorted([*WEIGHT_TYPES, *MIXES]), default="Q4_0")
+    parser.add_argument(
+        "--output-tensor-type",
+        choices=sorted(WEIGHT_TYPES),
+        help="the output head's type, as llama-quantize's flag (its Q4_0, Q4_1, Q5_0 and Q5_1 models: Q6_K)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     # Written beside OUT and renamed when complete: an interrupted run leaves no OUT that the scripts, which
     # write a model only where it is missing, would take for a whole one.
     partial = args.out.with_name(args.out.name + ".partial")
     try:
-        write_synthetic_model(partial, args.preset, weight_type=args.weight_type, seed=args.seed)
+        write_synthetic_model(
+            partial, args.preset, weight_type=args.weight_type, output_type=args.output_tensor_type, seed=args.seed
+        )
         partial.replace(args.out)
     finally:
         partial.unlink(missing_ok=True)
