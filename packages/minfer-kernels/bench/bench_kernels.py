@@ -1,7 +1,6 @@
 """Time the kernels at Qwen2.5-0.5B's decode shapes: microseconds per launch and effective bandwidth; then
 at its prefill shapes (512 tokens, and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's
-products at Qwen2.5-0.5B's, Llama-3.2-1B's, Gemma 3 270M's and Qwen2.5-1.5B's shapes with their weights in DRAM,
-on both one-token kernels.
+products at Qwen2.5-0.5B's and Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
 
     python packages/minfer-kernels/bench/bench_kernels.py [--dram]     (--dram: the last table alone)
 
@@ -115,9 +114,6 @@ def prefill_cases(
 DECODE_MODELS = {
     "qwen2.5-0.5b": (896, 4864, 14, 2, 64, 151936, ("Q4_0", "Q5_0", "Q8_0", "F16")),
     "llama3.2-1b": (2048, 8192, 32, 8, 64, 128256, ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16")),
-    # Rows of 640 values (no K-quant: not whole super-blocks) and heads of 256.
-    "gemma3-270m": (640, 2048, 4, 1, 256, 262144, ("Q4_0", "Q8_0", "F16")),
-    "qwen2.5-1.5b": (1536, 8960, 12, 2, 128, 151936, ("Q4_0", "Q4_K")),
 }
 DRAM_BYTES = 512 << 20  # the copies of one weight together: ~10 times the H200's L2
 DRAM_REPLAYS = 5
