@@ -127,15 +127,15 @@ for job in "${JOBS[@]}"; do
     wait "${job%%:*}" || { tail -30 "$LOGS/${job#*:}.log"; exit 1; }
 done
 
-# bench TREE MODEL ROUND: one `minfer bench` of one tree, its result rows tagged with the tree, the round and the
-# model's file name.
+# bench TREE MODEL ROUND: one `minfer bench` of one tree, its header and result rows tagged with the tree, the round
+# and the model's file name (each tree's own header: a tree's bench may write fields another's does not).
 bench() {
     local tree=$1 model=$2 round=$3 path=${PYTHONPATH:-}
     [ "$tree" != this ] && path=/tmp/ab-site/$tree${PYTHONPATH:+:$PYTHONPATH}
     # shellcheck disable=SC2086 # MINFER_AB_ARGS is a list of flags
     PYTHONPATH=$path "$PYTHON" -m minfer.cli bench -m "$model" --backend "$BACKEND" \
         ${MINFER_AB_ARGS:--p 512 -n 128} -r "${MINFER_AB_REPS:-10}" -o csv 2>> "$LOGS/bench-errors.log" \
-        | tail -n +2 | sed "s/^/$tree,$round,$(basename "$model"),/"
+        | sed "s/^/$tree,$round,$(basename "$model"),/"
 }
 
 for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
@@ -159,11 +159,22 @@ import statistics
 import sys
 
 trees = [arg.split("=", 1) for arg in sys.argv[2:]]
-# bench -o csv's columns after the three tags: avg_ts is column 14, stddev_ts 15, test 16 (llama-bench's order)
+# bench -o csv's rows after the three tags, read by the field names of the header before them (llama-bench's
+# cpu_info first). Each tree runs its own defaults (a KV cache type among them): a test a tree gives twice in a round
+# (a list of -ctk values) would be two measurements under one name, so it is refused.
 runs: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = {}
-for tree, _round, model, *record in csv.reader(open(sys.argv[1])):
-    rate = (float(record[14]), float(record[15]))
-    runs.setdefault((model, record[16]), {name: [] for name, _ in trees})[tree].append(rate)
+header: list[str] = []
+seen: set[tuple[str, ...]] = set()
+for tree, round_, model, *record in csv.reader(open(sys.argv[1])):
+    if record[0] == "cpu_info":
+        header = record
+        continue
+    fields = dict(zip(header, record, strict=True))
+    if (tree, round_, model, fields["test"]) in seen:
+        sys.exit(f"gpu-ab: {tree} gave {fields['test']} twice in round {round_}: one value a flag (no -ctk lists)")
+    seen.add((tree, round_, model, fields["test"]))
+    rate = (float(fields["avg_ts"]), float(fields["stddev_ts"]))
+    runs.setdefault((model, fields["test"]), {name: [] for name, _ in trees})[tree].append(rate)
 print("trees: " + ", ".join(f"{name} ({revision})" for name, revision in trees))
 print(f"t/s per round ± the bench's standard deviation, the order of the trees rotating each round; changes against "
       f"{trees[0][0]}")
