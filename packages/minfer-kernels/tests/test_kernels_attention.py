@@ -87,7 +87,7 @@ def test_kv_store_writes_rows_at_their_positions(rng, stream, dev, n_tokens, kv_
 
 
 @pytest.mark.parametrize("n_splits", [1, 7, 32])
-@pytest.mark.parametrize("kv_len", [1, 33, 896, 4097])
+@pytest.mark.parametrize("kv_len", [1, 33, 65, 129, 896, 4097])  # 65, 129: a tile and one row at heads 64, 32
 @pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS)
 def test_decode_attention(rng, stream, dev, n_heads, n_kv_heads, head_dim, kv_len, n_splits):
     k_cache, v_cache = random_cache(rng, n_kv_heads, head_dim, kv_len)

@@ -46,7 +46,8 @@ CASES = [
     (8, 2, 64, 48, kernels.ROPE_NORMAL, False),  # groups of 4, partial adjacent pairs
     (16, 1, 256, 128, kernels.ROPE_NORMAL, True),  # the largest group (16: two heads a warp), partial
 ]
-# 512 ends a split exactly with 16 splits (32 rows each) and with 64 (then 16 active splits of 32 rows).
+# 512 ends a split exactly with 16 splits and with 64: 16 active splits of 32 rows at heads 128 and 256, 8 of 64 at
+# head 64 (a split is at least a tile).
 KV_LENS = [1, 33, 512, 2049, 4097]
 
 

@@ -145,8 +145,11 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
 
 // Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
 // kv_head, over one split of the cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
-// (kv_len is read here, so a captured graph serves every step). A split is at least 32 rows, so a short cache is one split and one block per KV
-// head; a long one is cut into gridDim.x splits (of fewer rows than a tile, if that makes them 32 or more).
+// (kv_len is read here, so a captured graph serves every step). A split is at least a tile (DecodeTile::ROWS), so
+// a cache of a tile or less is one split and one block per KV head, and a long one is cut into up to gridDim.x
+// splits of whole tiles but the last. At tg128's depths a block then walks one whole tile where two or more
+// blocks took part of one each and merged them: tg128 +2-4% at head 64 (Qwen2.5-0.5B, Llama-3.2-1B, SmolLM2), level
+// at depth 2048 (docs/PERFORMANCE.md, session 39).
 //
 // The block walks its split a tile at a time. Every K and V load of a tile is issued first (one memory
 // round trip per tile; the first tile's overlaps staging q in shared memory, except under HEAD_NORM, below,
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     // The one query is the newest token, at position kv_len - 1: it sees rows visible_from .. kv_len - 1.
     const int visible_from = window > 0 ? max(0, kv_len - window) : 0;
     const int visible = kv_len - visible_from;
-    const int rows_per_split = max(DECODE_ROWS_PER_STEP, ceil_div(visible, n_splits));
+    const int rows_per_split = max(Tile::ROWS, ceil_div(visible, n_splits));
     const int n_active = ceil_div(visible, rows_per_split);
     if (split >= n_active) return;  // a short cache leaves most splits empty
     const int first = visible_from + split * rows_per_split;

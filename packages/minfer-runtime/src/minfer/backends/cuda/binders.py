@@ -367,9 +367,9 @@ def decode_head_norm(b: Binding, node: Node) -> dict[str, object]:
 def decode_attention_splits(n_kv_heads: int, multiprocessors: int) -> int:
     """The cache splits of a decode attention launch: the power of two nearest multiprocessors / n_kv_heads, so
     its grid (splits x KV heads) is about one block an SM; at most MAX_DECODE_SPLITS. Fixed for a graph, so a
-    captured one serves every depth (a short cache leaves most splits empty: a split is at least 32 rows). Each
-    block loads its split in one round trip and the last one merges, so fewer splits mean more rows a block and
-    more splits a longer merge: at depth 2048 on the H200 (132 SMs), Qwen2.5-0.5B's 2 KV heads gave 1343 tok/s
+    captured one serves every depth (a short cache leaves most splits empty: a split is at least a tile, 32 to 128
+    rows). Each block loads its split in one round trip and the last one merges, so fewer splits mean more rows a
+    block and more splits a longer merge: at depth 2048 on the H200 (132 SMs), Qwen2.5-0.5B's 2 KV heads gave 1343 tok/s
     with 64 splits against 1191 (16), 1273 (32) and 1232 (128) (docs/PERFORMANCE.md, step 19)."""
     blocks_a_head = max(1.0, multiprocessors / n_kv_heads)
     return min(MAX_DECODE_SPLITS, 1 << round(math.log2(blocks_a_head)))
