@@ -126,7 +126,10 @@ extern "C" bool minfer_programmatic_launch();
 extern "C" bool minfer_int8_gemv();
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the previous kernel on the
-// stream (see wait_for_previous_kernel). Returns cudaGetLastError(), as every launcher does.
+// stream (see wait_for_previous_kernel). Returns the launch's error, or else cudaGetLastError(), as every
+// launcher does; either way it reads cudaGetLastError(), which clears it: a failed cudaLaunchKernelEx also
+// leaves its error as the thread's last error, and left there the next launcher would report it again, as
+// latched (its raise_if_latched), though this launch already reported it.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t shared_bytes,
                               cudaStream_t stream, Args... args) {
@@ -141,7 +144,8 @@ cudaError_t launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 blo
     config.attrs = &attribute;
     config.numAttrs = minfer_programmatic_launch() ? 1 : 0;
     const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
-    return launched != cudaSuccess ? launched : cudaGetLastError();
+    const cudaError_t last = cudaGetLastError();
+    return launched != cudaSuccess ? launched : last;
 }
 
 // The current device's count of SMs, which the launchers that size their grids (and workspaces) by the GPU read.
