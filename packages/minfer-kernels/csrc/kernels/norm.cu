@@ -5,6 +5,11 @@
 // One block per row: the row's sum of squares is a block-wide reduction (warp shuffles, then one value
 // per warp through shared memory), after which every thread scales its own elements. out may alias x:
 // each thread reads its elements, the reduction's barrier passes, then it writes the same elements.
+//
+// Launches are overlapped (common.cuh: launch_overlapped), as the GEMVs around them in a decode step are:
+// before waiting for the previous kernel, a block prefetches the weight's lines into L2 (the weight depends
+// on no kernel; x, y and out are written or read by the kernels around, so only after the wait), and the
+// GEMV after it may start, and prefetch its own weights, while the norm still runs.
 #include "common.cuh"
 #include "launchers.h"
 
@@ -12,6 +17,21 @@ namespace minfer {
 namespace {
 
 constexpr int NORM_THREADS = 256;
+constexpr int LINE_BYTES = 128;
+
+// What a norm does before touching an activation: bring the lines of weight[0, d) into L2, the block's
+// threads striding over them (from the line holding weight[0], which need not start one; a prompt's blocks
+// each hint the same few lines, cheaper than sharing them out), then wait for the previous kernel and let the
+// next one launch.
+__device__ __forceinline__ void prefetch_weight_then_wait(const float* weight, int d) {
+    const char* first_line = reinterpret_cast<const char*>(
+        reinterpret_cast<std::uintptr_t>(weight) & ~std::uintptr_t(LINE_BYTES - 1));
+    const char* end = reinterpret_cast<const char*>(weight + d);
+    for (const char* line = first_line + threadIdx.x * LINE_BYTES; line < end; line += blockDim.x * LINE_BYTES)
+        prefetch_l2(line);
+    wait_for_previous_kernel();
+    allow_next_kernel();
+}
 
 // 1 / sqrt(mean(row^2) + eps), for every thread of the block (its threads stride over the row).
 __device__ float row_inv_rms(const float* row, int d, float eps) {
@@ -23,6 +43,7 @@ __device__ float row_inv_rms(const float* row, int d, float eps) {
 __global__ void rms_norm_f32(const float* x, const float* weight, float* out, int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* out_row = out + std::size_t(blockIdx.x) * d;
+    prefetch_weight_then_wait(weight, d);
     const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = row[i] * inv_rms * weight[i];
 }
@@ -32,6 +53,7 @@ __global__ void rms_norm_add_f32(const float* __restrict__ x, const float* __res
                                  int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* y_row = y + std::size_t(blockIdx.x) * d;
+    prefetch_weight_then_wait(weight, d);
     const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) y_row[i] += row[i] * inv_rms * weight[i];
 }
@@ -43,15 +65,15 @@ using namespace minfer;
 
 extern "C" cudaError_t launch_rms_norm_f32(const float* x, const float* weight, float* out, int rows, int d,
                                            float eps, cudaStream_t stream) {
-    // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values.
-    rms_norm_f32<<<rows, NORM_THREADS, 0, stream>>>(x, weight, out, d, eps);
-    return cudaGetLastError();
+    // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values
+    // (and, before the wait, over the weight's lines).
+    return launch_overlapped(rms_norm_f32, dim3(rows), dim3(NORM_THREADS), 0, stream, x, weight, out, d, eps);
 }
 
 extern "C" cudaError_t launch_rms_norm_add_f32(const float* x, const float* weight, float* y, int rows, int d,
                                                float eps, cudaStream_t stream) {
     if (x == y) return minfer_refuse("x must not alias y (the norm reads all of x before adding into y)");
-    // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values.
-    rms_norm_add_f32<<<rows, NORM_THREADS, 0, stream>>>(x, weight, y, d, eps);
-    return cudaGetLastError();
+    // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values
+    // (and, before the wait, over the weight's lines).
+    return launch_overlapped(rms_norm_add_f32, dim3(rows), dim3(NORM_THREADS), 0, stream, x, weight, y, d, eps);
 }
