@@ -49,6 +49,21 @@ def test_an_empty_grid_is_an_invalid_launch(stream):
     assert raised.value.name in BAD_LAUNCH and not raised.value.latched
 
 
+@pytest.mark.provokes_cuda_error
+def test_an_invalid_overlapped_launch_raises_at_the_launch_and_is_not_latched(rng, stream):
+    """launch_overlapped's cudaLaunchKernelEx returns its error and also leaves it as the thread's last error:
+    the launcher must clear it, or the next launch would report the same error again, as latched."""
+    data = randn(rng, 33)
+    x = to_device(data, stream)  # before the failure: the launch right after it is the next CUDA call
+    latched_before = mk.latched_errors()
+    with pytest.raises(mk.CudaError, match="launch_rms_norm_f32 failed at launch") as raised:
+        kernels.rms_norm_f32(0, 0, 0, 0, 896, 1e-6, stream.handle)  # rows = 0: an empty grid
+    assert raised.value.name in BAD_LAUNCH and not raised.value.latched
+    kernels.silu_f32(x.ptr, 33, stream.handle)  # raises nothing: nothing was left pending
+    np.testing.assert_allclose(from_device(x, 33, np.float32, stream), silu(data), rtol=1e-6)
+    assert mk.latched_errors() == latched_before
+
+
 def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle

@@ -2,7 +2,8 @@
 
 Error bounds:
     rms_norm   1e-5 relative to |reference| (a float32 sum of d squares, rsqrtf, two products); rms_norm_add
-               the same, relative to |y| + |norm| (the add's one float32 rounding is far below it)
+               the same, relative to |y| + |norm| (the add's one float32 rounding is far below it); after a
+               GEMV (both launches overlapped), the same against the norm of the x the GEMV left
     rope       1e-6 relative to max(mscale, 1) (|a| + |b|) of the rotated pair (cos/sin rounded to float32
                and scaled, then two products and a sum); dimensions past n_rot must come back bit for bit
 """
@@ -16,6 +17,7 @@ from kernel_testing import (
     from_device,
     poisoned,
     randn,
+    random_weights,
     requires_gpu,
     rms_norm,
     rope,
@@ -23,6 +25,7 @@ from kernel_testing import (
     to_device,
 )
 
+import minfer_kernels as mk
 from minfer_kernels import kernels
 
 pytestmark = requires_gpu
@@ -60,6 +63,44 @@ def test_rms_norm_add_refuses_x_aliasing_y(stream, dev):
     buffer = to_device(np.ones((2, 8), np.float32), stream)
     with pytest.raises(ValueError, match="launch_rms_norm_add_f32 refused its arguments: x must not alias y"):
         kernels.rms_norm_add_f32(buffer.ptr, dev(np.ones(8, np.float32)), buffer.ptr, 2, 8, EPS, stream.handle)
+
+
+# Gemma 3 270M's attn_output: 1024 values in, its hidden size (640) out.
+ATTN_OUTPUT = (1024, 640)
+# ~0.5 ms at 2 GHz: the host has queued the GEMV and the norm long before the GPU reaches them, so they start
+# back to back, as in a decode step.
+BUSY_CYCLES = 1_000_000
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "rms_norm_add"])
+def test_a_norm_waits_for_the_gemv_that_writes_its_x(rng, stream, dev, add):
+    """On one stream: a busy kernel, a Q4_0 GEMV writing x into a NaN-filled buffer, then a norm of that x (both
+    overlapped launches: the norm may start while the GEMV runs, and only its wait orders its reads of x after
+    the GEMV's writes); 20 times, x NaN again each time. A norm that read x before its wait would see NaN, or
+    an x other than the one the GEMV left."""
+    in_features, d = ATTN_OUTPUT
+    raw, _ = random_weights(rng, d, in_features, mk.GGMLType.Q4_0, scale=0.5)
+    norm_weight = randn(rng, d)
+    weight, norm_weight_ptr = dev(raw), dev(norm_weight)
+    norm = kernels.rms_norm_add_f32 if add else kernels.rms_norm_f32
+    busy = mk.DeviceBuffer(8)
+    for attempt in range(20):
+        h, residual = randn(rng, in_features), randn(rng, d)
+        # Every upload before the busy kernel: the GEMV and the norm are the only launches queued behind it.
+        h_ptr, x = dev(h), poisoned(d, np.float32, stream)
+        out = to_device(residual, stream) if add else poisoned(d, np.float32, stream)
+        kernels.toy_busy(busy.ptr, BUSY_CYCLES, 1, stream.handle)
+        kernels.gemv(weight, mk.GGMLType.Q4_0, h_ptr, 0, EPS, 0, x.ptr, in_features, d, stream.handle)
+        norm(x.ptr, norm_weight_ptr, out.ptr, 1, d, EPS, stream.handle)
+        got = from_device(out, d, np.float32, stream)
+        written = mk.download(x, d, np.float32, stream.handle)
+        assert np.isfinite(written).all(), f"attempt {attempt}: the GEMV left NaN in x"
+        normed = rms_norm(written, norm_weight, EPS)
+        what = f"attempt {attempt}: {norm.__name__} after the GEMV"
+        if add:
+            assert_close(got, residual + normed, 1e-5, scale=np.abs(residual) + np.abs(normed), what=what)
+        else:
+            assert_close(got, normed, 1e-5, what=what)
 
 
 ROPE_CASES = [
