@@ -6,10 +6,11 @@
 // per warp through shared memory), after which every thread scales its own elements. out may alias x:
 // each thread reads its elements, the reduction's barrier passes, then it writes the same elements.
 //
-// Launches are overlapped (common.cuh: launch_overlapped), as the GEMVs around them in a decode step are:
-// before waiting for the previous kernel, a block prefetches the weight's lines into L2 (the weight depends
-// on no kernel; x, y and out are written or read by the kernels around, so only after the wait), and the
-// GEMV after it may start, and prefetch its own weights, while the norm still runs.
+// A decode step's norm is launched overlapped (common.cuh: launch_overlapped), as the GEMVs around it are
+// (launch_norm, below): before waiting for the previous kernel, the block prefetches the weight's lines into L2
+// (the weight depends on no kernel; x, y and out are written or read by the kernels around, so only after the
+// wait), and the GEMV after it may start, and prefetch its own weights, while the norm still runs. Gemma 3's
+// two post-block norms a layer were plain launches: tg128 +6-11% at Gemma 3 270M (docs/PERFORMANCE.md, session 39).
 #include "common.cuh"
 #include "launchers.h"
 
@@ -40,22 +41,37 @@ __device__ float row_inv_rms(const float* row, int d, float eps) {
     return rsqrtf(block_sum(sum_of_squares) / float(d) + eps);
 }
 
+// OVERLAPPED: launched with launch_overlapped (a decode step's norm; see launch_norm).
+template <bool OVERLAPPED>
 __global__ void rms_norm_f32(const float* x, const float* weight, float* out, int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* out_row = out + std::size_t(blockIdx.x) * d;
-    prefetch_weight_then_wait(weight, d);
+    if constexpr (OVERLAPPED) prefetch_weight_then_wait(weight, d);
     const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = row[i] * inv_rms * weight[i];
 }
 
 // x must not alias y (both __restrict__: the compiler may move x's loads past the stores into y).
+template <bool OVERLAPPED>
 __global__ void rms_norm_add_f32(const float* __restrict__ x, const float* __restrict__ weight, float* __restrict__ y,
                                  int d, float eps) {
     const float* row = x + std::size_t(blockIdx.x) * d;
     float* y_row = y + std::size_t(blockIdx.x) * d;
-    prefetch_weight_then_wait(weight, d);
+    if constexpr (OVERLAPPED) prefetch_weight_then_wait(weight, d);
     const float inv_rms = row_inv_rms(row, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) y_row[i] += row[i] * inv_rms * weight[i];
+}
+
+// A decode step's norm (one row) is launched overlapped, between the GEMVs that are. A prompt's norm (a row a
+// token, or a head) is launched plainly, and its kernel neither prefetches nor lets the next kernel start early,
+// as before: overlapped, pp512 lost 1-3% at Qwen3-0.6B and Gemma 3 270M (docs/PERFORMANCE.md, session 39), its
+// blocks started early waiting on SMs that the GEMM before it still needed.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_norm(void (*overlapped)(KernelArgs...), void (*plain)(KernelArgs...), int rows,
+                        cudaStream_t stream, Args... args) {
+    if (rows <= 1) return launch_overlapped(overlapped, dim3(rows), dim3(NORM_THREADS), 0, stream, args...);
+    plain<<<rows, NORM_THREADS, 0, stream>>>(static_cast<KernelArgs>(args)...);
+    return cudaGetLastError();
 }
 
 }  // namespace
@@ -67,7 +83,7 @@ extern "C" cudaError_t launch_rms_norm_f32(const float* x, const float* weight, 
                                            float eps, cudaStream_t stream) {
     // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values
     // (and, before the wait, over the weight's lines).
-    return launch_overlapped(rms_norm_f32, dim3(rows), dim3(NORM_THREADS), 0, stream, x, weight, out, d, eps);
+    return launch_norm(rms_norm_f32<true>, rms_norm_f32<false>, rows, stream, x, weight, out, d, eps);
 }
 
 extern "C" cudaError_t launch_rms_norm_add_f32(const float* x, const float* weight, float* y, int rows, int d,
@@ -75,5 +91,5 @@ extern "C" cudaError_t launch_rms_norm_add_f32(const float* x, const float* weig
     if (x == y) return minfer_refuse("x must not alias y (the norm reads all of x before adding into y)");
     // grid.x: the row (token), one block of 256 threads each; the threads stride over the row's d values
     // (and, before the wait, over the weight's lines).
-    return launch_overlapped(rms_norm_add_f32, dim3(rows), dim3(NORM_THREADS), 0, stream, x, weight, y, d, eps);
+    return launch_norm(rms_norm_add_f32<true>, rms_norm_add_f32<false>, rows, stream, x, weight, y, d, eps);
 }
