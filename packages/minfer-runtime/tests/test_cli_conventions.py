@@ -78,7 +78,7 @@ def test_a_reply_budget_the_context_cannot_hold_is_refused_before_the_weights_lo
         "max tokens 5000 leave no room for a prompt in the context size 512",
     )
 
-    def no_backend(name: str) -> None:
+    def no_backend(name: str, cache_type: str) -> None:
         raise AssertionError("the backend was created: the weights would have loaded")
 
     monkeypatch.setattr(minfer.engine, "create_backend", no_backend)

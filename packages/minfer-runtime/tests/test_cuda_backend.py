@@ -302,7 +302,7 @@ def test_op_timing_of_a_decode_step_without_replay_is_its_own_table(synthetic_mo
 
 
 def test_weight_registry_reuses_same_size_and_retires_replaced_buffers():
-    backend = create_backend("cuda")
+    backend = create_backend("cuda", "f32")
     first = backend.weights.register("w", np.arange(64, dtype=np.uint8))
     again = backend.weights.register("w", np.arange(64, dtype=np.uint8)[::-1].copy())
     assert again is first
@@ -311,7 +311,7 @@ def test_weight_registry_reuses_same_size_and_retires_replaced_buffers():
 
 
 def test_out_of_memory_names_the_weight_and_bytes():
-    backend = create_backend("cuda")
+    backend = create_backend("cuda", "f32")
     huge = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.uint8), shape=(1 << 48,), strides=(0,))
     with pytest.raises(
         BackendError, match=r"cuda: out of device memory for weight 'blk\.0\.huge' \(281474976710656 bytes"
@@ -334,7 +334,7 @@ def test_a_weight_type_without_kernels_is_refused_at_load(tmp_path, monkeypatch)
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(BackendError, match=r"cuda: tensor 'w' is Q5_1; the CUDA kernels read"):
-        create_backend("cuda").load_weights(GGUFFile(path), ["w"])
+        create_backend("cuda", "f32").load_weights(GGUFFile(path), ["w"])
 
 
 def test_a_failed_precondition_names_the_node_before_any_launch(synthetic_model):
@@ -349,7 +349,7 @@ def test_inplace_input_with_other_readers_is_staged_on_the_device():
         "table": rng.standard_normal((vocab, d)).astype(np.float32),
         "bias": rng.standard_normal(d).astype(np.float32),
     }
-    backend = create_backend("cuda")
+    backend = create_backend("cuda", "f32")
     for name, values in weights.items():
         backend.weights.register(name, values)
         backend.weight_types[name] = GGMLQuantizationType.F32

@@ -49,11 +49,23 @@ def test_a_kv_cache_larger_than_physical_memory_is_refused_with_the_numbers(huge
     assert engine.backend.states == {}  # nothing was allocated
 
 
-def test_a_kv_cache_that_fits_is_allocated(synthetic_model, monkeypatch):
+def test_an_f16_kv_cache_counts_two_bytes_a_value(huge_context_model, monkeypatch):
+    monkeypatch.setattr(cpu, "physical_memory_bytes", lambda: 8 * 2**30)
+    engine = minfer.load(huge_context_model, backend="cpu", ctx_size=HUGE_CTX, cache_type="f16")
+    with pytest.raises(BackendError) as error:
+        list(engine.generate("Hello", max_tokens=4, sampling=GREEDY))
+    assert str(error.value).startswith(
+        f"cpu: the KV cache for --ctx-size {HUGE_CTX} needs {HUGE_CTX_KV_BYTES // 2} bytes (476.8 GiB) but the "
+    )
+    assert engine.backend.states == {}
+
+
+@pytest.mark.parametrize(("cache_type", "value_bytes"), [("f32", 4), ("f16", 2)])
+def test_a_kv_cache_that_fits_is_allocated(synthetic_model, monkeypatch, cache_type, value_bytes):
     path = synthetic_model("tiny-llama")
-    needed = 2 * 2 * 512 * 32 * 4
+    needed = 2 * 2 * 512 * 32 * value_bytes
     monkeypatch.setattr(cpu, "physical_memory_bytes", lambda: needed)  # exactly enough
-    engine = minfer.load(path, backend="cpu", ctx_size=512)
+    engine = minfer.load(path, backend="cpu", ctx_size=512, cache_type=cache_type)
     assert "".join(engine.generate("Hello", max_tokens=4, sampling=GREEDY))
     assert sum(state.nbytes for state in engine.backend.states.values()) == needed
 

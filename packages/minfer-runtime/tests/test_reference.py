@@ -8,7 +8,9 @@ transformers models converted by llama.cpp's convert_hf_to_gguf.py
 families, whose prompts reach 900 tokens, far past the 256 positions of their
 original context; Qwen3, Gemma 3 (sliding-window layers, soft cap) and Phi-3 /
 Phi-4-mini (sliding window, partial rotary, LongRoPE at two contexts). Each runs
-at its reference's `context`: LongRoPE's factors depend on it.
+at its reference's `context`: LongRoPE's factors depend on it. Each asks for the f32 KV
+cache by name, whatever the default: the bounds here are float32's (test_cache_type.py bounds the f16 cache
+against this one).
 """
 
 from __future__ import annotations
@@ -42,13 +44,13 @@ def longrope_original(reference: HFReference) -> int | None:
 
 
 def test_default_model_matches_transformers(default_model_path):
-    check_against_reference(minfer.load(default_model_path, backend="cpu"), "smollm2")
+    check_against_reference(minfer.load(default_model_path, backend="cpu", cache_type="f32"), "smollm2")
 
 
 def test_gemma3_matches_transformers(gemma3_model_path):
     """The real Gemma 3 270M, as transformers loads the same GGUF: chat turns through the built-in Gemma
     template, a plain completion, and a 700-token prompt, past the 512-row window of its local layers."""
-    check_against_reference(minfer.load(gemma3_model_path, backend="cpu", ctx_size=1024), "gemma3")
+    check_against_reference(minfer.load(gemma3_model_path, backend="cpu", ctx_size=1024, cache_type="f32"), "gemma3")
 
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))
@@ -56,12 +58,12 @@ def test_synthetic_model_matches_transformers(name, synthetic_model):
     preset, weight_type, seed = SYNTHETIC[name]
     path = synthetic_model(preset, weight_type, seed)
     assert weights_digest(GGUFFile(path)) == load_fixture(name)[0]["weights_sha256"]
-    check_against_reference(minfer.load(path, backend="cpu"), name)
+    check_against_reference(minfer.load(path, backend="cpu", cache_type="f32"), name)
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_converted_model_matches_transformers(name, converted_model):
-    engine = minfer.load(converted_model(name), backend="cpu", ctx_size=REFERENCES[name].context)
+    engine = minfer.load(converted_model(name), backend="cpu", ctx_size=REFERENCES[name].context, cache_type="f32")
     # float32 weights and float64 RoPE angles: ~1e-7 of the reference; without the scaling, 1e-3 to 1e-2.
     # Gemma 3's normed q and k sharpen attention enough that transformers' own float32 angles show: ~8e-6 at
     # 640 positions (1e-6 against transformers with float64 angles).

@@ -34,6 +34,7 @@ from minfer.grammar import Grammar, GrammarMatcher, grammar_tokenizer
 from minfer.model_store import resolve_model
 from minfer.models import build_graph
 from minfer.models.config import ModelConfig
+from minfer.models.llama import DEFAULT_CACHE_TYPE, check_cache_type
 from minfer.sampler import Sampler, SamplingParams
 from minfer.scheduler import Program, schedule
 from minfer.threads import set_threads
@@ -55,6 +56,7 @@ class ModelInfo:
     quant_mix: dict[str, int]
     context_length: int
     ctx_size: int
+    cache_type: str  # the KV cache's element type, K and V alike: f32 or f16 (-ctk/-ctv)
     backend: str
     device: str
     threads: int  # CPU threads of numpy's BLAS (-t)
@@ -72,13 +74,15 @@ class Engine:
         max_tokens: int | None = None,
         progress: ProgressCallback | None = None,
         chat_template: TemplateChoice | None = None,
+        cache_type: str = DEFAULT_CACHE_TYPE,
     ) -> None:
         """Open a model (a path, a known name, or None for the default) and load its weights onto `backend`;
         `threads` CPU threads for numpy's BLAS (default: one per physical core, minfer.threads). `max_tokens`,
         when given, is the longest reply it will be asked for: a context too small for it (and a one-token
         prompt) is refused here, before the weights load. `chat_template`, a Jinja template file or a built-in
         template's name (chatml, gemma, llama3, phi3; a str that names an existing path is the file), replaces
-        the file's own."""
+        the file's own. `cache_type` is the KV cache's element type, K and V alike (llama.cpp's names: f32, or f16,
+        half the memory, each value rounded to float16 as it is stored; the CUDA backend's is f32 only for now)."""
         self.threads = set_threads(threads)  # before anything runs numpy's BLAS (minfer.threads)
         self.gguf = GGUFFile(resolve_model(model))
         self.config = ModelConfig.from_gguf(self.gguf)
@@ -94,7 +98,11 @@ class Engine:
                 f"max tokens {max_tokens} leave no room for a prompt in the context size {self.ctx_size}: "
                 "lower --max-tokens or raise --ctx-size"
             )
-        self.backend = create_backend(backend)
+        try:
+            self.cache_type = check_cache_type(cache_type)
+        except ValueError as exc:
+            raise MinferError(str(exc)) from None
+        self.backend = create_backend(backend, self.cache_type)
         self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress)
         self.kv_tokens: list[int] = []  # the tokens whose K/V rows the cache holds, at positions 0..n-1
         # Held by the one generation (or direct forward pass) using the cache (`_hold`). A Lock, not an RLock:
@@ -119,6 +127,7 @@ class Engine:
             quant_mix=self.gguf.quant_mix(),
             context_length=self.config.context_length,
             ctx_size=self.ctx_size,
+            cache_type=self.cache_type,
             backend=self.backend.name,
             device=self.backend.device_name,
             threads=self.threads,
@@ -132,7 +141,7 @@ class Engine:
         if n_tokens in self._programs:
             self._programs.move_to_end(n_tokens)
             return self._programs[n_tokens]
-        program = schedule(build_graph(self.config, n_tokens, self.ctx_size), self.backend)
+        program = schedule(build_graph(self.config, n_tokens, self.ctx_size, self.cache_type), self.backend)
         self._programs[n_tokens] = program
         if len(self._programs) > GRAPH_CACHE_SIZE:
             _, evicted = self._programs.popitem(last=False)

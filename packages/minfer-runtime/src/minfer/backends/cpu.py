@@ -4,6 +4,7 @@ This backend is the quality model: the CUDA kernels are tested against it, and
 it is tested against an implementation no one here wrote (HF transformers).
 Weights are dequantized to float32 once at load; activations live in the
 buffers the liveness allocator planned, and in-place ops honour the alias rule.
+The KV cache holds the graph's cache type (float32, or float16 for -ctk f16).
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ def attention(
     n = q.shape[0]
     group = n_heads // n_kv_heads
     queries = q.reshape(n, n_kv_heads, group, head_dim)
-    keys = cache_k[:kv_len].reshape(kv_len, n_kv_heads, head_dim)
-    values = cache_v[:kv_len].reshape(kv_len, n_kv_heads, head_dim)
+    # An f16 cache's rows are widened to float32 here, only those read (the sums are float32 whatever the cache).
+    keys = cache_k[:kv_len].astype(np.float32, copy=False).reshape(kv_len, n_kv_heads, head_dim)
+    values = cache_v[:kv_len].astype(np.float32, copy=False).reshape(kv_len, n_kv_heads, head_dim)
     scores = np.einsum("nkgd,tkd->kgnt", queries, keys) * np.float32(scale)
     distance = positions[:, None] - np.arange(kv_len)[None, :]  # [n, kv_len]
     hidden = (distance < 0) | (distance >= window) if window else distance < 0
@@ -169,7 +171,7 @@ class CpuCompiledGraph(CompiledGraph):
     def kv_store(self, node: Node, ins: list[np.ndarray], out: None) -> None:
         k, v, positions = ins
         cache_k, cache_v = (self.array(t) for t in node.writes)
-        cache_k[positions] = k
+        cache_k[positions] = k  # into an f16 cache, numpy rounds each value to the nearest float16 (ties to even)
         cache_v[positions] = v
 
     def attention(self, node: Node, ins: list[np.ndarray], out: np.ndarray) -> None:
@@ -260,8 +262,13 @@ class CpuBackend(Backend):
     def weight_nbytes(self, name: str) -> int:
         return self.weights[name].nbytes  # float32: the weights were dequantized at load
 
+    def holds(self, state: Tensor) -> bool:
+        """Whether `state` is allocated already, of its shape and dtype."""
+        held = self.states.get(state.name)
+        return held is not None and held.shape == state.shape and held.dtype == state.dtype
+
     def allocate_states(self, states: list[Tensor]) -> None:
-        new = [t for t in states if t.name not in self.states or self.states[t.name].shape != t.shape]
+        new = [t for t in states if not self.holds(t)]
         memory = physical_memory_bytes()
         if memory is not None:  # where the OS does not say, the allocation below is the only check
             check_states_fit(self.name, new, memory, "the machine's physical memory")

@@ -16,10 +16,10 @@ business (`Backend.lower`; the CUDA backend fuses a llama decode layer into five
 Every weight is a tensor of the file, by its GGUF name; each family's differences are fields of its
 ModelConfig (models/config.py), read from the file as llama.cpp reads them.
 
-`build_graph` is a pure function of the config and the token count: the same graph serves position 0 and
-position 5000, because positions and the KV length are inputs the kernels read when they run. RoPE's
-frequencies, RoPE scaling included, are constant tables (models/rope.py) that the ropes read: one, or for
-Gemma 3 a second one for its sliding-window layers.
+`build_graph` is a pure function of the config, the token count, the context size and the KV cache's type: the
+same graph serves position 0 and position 5000, because positions and the KV length are inputs the kernels read
+when they run. RoPE's frequencies, RoPE scaling included, are constant tables (models/rope.py) that the ropes
+read: one, or for Gemma 3 a second one for its sliding-window layers.
 """
 
 from __future__ import annotations
@@ -53,18 +53,43 @@ class StepInputs:
     rotations: dict[str, Rotation]  # by table name
 
 
-def kv_cache_tensors(config: ModelConfig, layer: int, n_ctx: int) -> tuple[Tensor, Tensor]:
-    shape = (n_ctx, config.kv_dim)
+# The KV cache's element types by llama.cpp's names (its -ctk/--cache-type-k and -ctv/--cache-type-v), each the
+# dtype of the cache tensors. K and V rows are rounded to it as they are stored (f16: to nearest even, a relative
+# error of at most 2^-11) and widened to float32 where attention reads them; every sum stays float32. minfer's K and
+# V share one type.
+KV_CACHE_TYPES = {"f32": "float32", "f16": "float16"}
+DEFAULT_CACHE_TYPE = "f32"
+# llama.cpp's other cache types (common/arg.cpp's kv_cache_types), named when they are asked for.
+LLAMA_CPP_ONLY_CACHE_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def check_cache_type(cache_type: str) -> str:
+    """`cache_type` when minfer's KV cache can have it, else a ValueError: llama.cpp's other types refused by name,
+    anything else as unknown."""
+    if cache_type in KV_CACHE_TYPES:
+        return cache_type
+    accepted = ", ".join(KV_CACHE_TYPES)
+    if cache_type in LLAMA_CPP_ONLY_CACHE_TYPES:
+        raise ValueError(
+            f"KV cache type {cache_type!r} is llama.cpp's, not supported by minfer (choose from {accepted})"
+        )
+    raise ValueError(f"unknown KV cache type {cache_type!r} (choose from {accepted})")
+
+
+def kv_cache_tensors(config: ModelConfig, layer: int, n_ctx: int, cache_type: str) -> tuple[Tensor, Tensor]:
+    """Layer `layer`'s K and V caches: `n_ctx` rows of kv_dim values of `cache_type` (KV_CACHE_TYPES)."""
+    shape, dtype = (n_ctx, config.kv_dim), KV_CACHE_TYPES[cache_type]
     return (
-        Tensor(f"cache_k.{layer}", shape, "float32", TensorKind.STATE),
-        Tensor(f"cache_v.{layer}", shape, "float32", TensorKind.STATE),
+        Tensor(f"cache_k.{layer}", shape, dtype, TensorKind.STATE),
+        Tensor(f"cache_v.{layer}", shape, dtype, TensorKind.STATE),
     )
 
 
-def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
-    """The forward pass over `n_tokens` new tokens with a KV cache of `n_ctx` rows."""
+def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int, cache_type: str) -> Graph:
+    """The forward pass over `n_tokens` new tokens with a KV cache of `n_ctx` rows of `cache_type` (KV_CACHE_TYPES)."""
     if n_tokens < 1:
         raise ValueError(f"a graph needs at least one token, got {n_tokens}")
+    check_cache_type(cache_type)
     shapes = config.expected_tensors()
 
     def w(name: str) -> Tensor:
@@ -86,7 +111,7 @@ def build_graph(config: ModelConfig, n_tokens: int, n_ctx: int) -> Graph:
     if config.embedding_scale != 1.0:
         x = g.node("embed_scale", Op.SCALE, [x], x.shape, inplace_input=0, factor=config.embedding_scale)
     for layer in range(config.n_layers):
-        x = layer_graph(g, config, layer, x, w, step, kv_cache_tensors(config, layer, n_ctx))
+        x = layer_graph(g, config, layer, x, w, step, kv_cache_tensors(config, layer, n_ctx, cache_type))
     last = g.node("last_row", Op.LAST_ROW, [x], (1, config.d_model))
     normed = g.node("output_norm", Op.RMS_NORM, [last, w("output_norm.weight")], last.shape, eps=config.rms_eps)
     output_weight = w("token_embd.weight" if config.tied_output else "output.weight")
