@@ -73,6 +73,16 @@ async def test_threads_reach_the_engine_and_the_screen(tiny_model):
 
 
 @run_async
+async def test_the_cache_type_reaches_the_engine(tiny_model):
+    app = chat_app(tiny_model, cache_type="f16")
+    async with app.run_test(size=TERMINAL_SIZE) as pilot:
+        await wait_until_loaded(pilot)
+        assert app.chat.engine.info.cache_type == "f16"
+        await submit(pilot, "Hello")
+        assert app.session.last.stats.generated_tokens > 0
+
+
+@run_async
 async def test_closing_while_the_weights_load_stops_loading_them(tiny_model, monkeypatch):
     steps = 10_000  # a load of ten seconds or more
     reached: list[int] = []

@@ -32,7 +32,7 @@ def minfer_chat(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_flags_become_the_apps_options():
     args = build_parser().parse_args(
-        ["model.gguf", "--backend", "cpu", "-c", "1024", "-t", "3", "--system", "Be brief.", "-n", "64",
+        ["model.gguf", "--backend", "cpu", "-c", "1024", "-t", "3", "-ctk", "f16", "--system", "Be brief.", "-n", "64",
          "--temp", "0.5", "--top-k", "10", "--top-p", "0.8", "--min-p", "0.1", "--repeat-penalty", "1.1",
          "--repeat-last-n", "32", "--seed", "7", "--chat-template", "gemma"]
     )  # fmt: skip
@@ -41,6 +41,7 @@ def test_flags_become_the_apps_options():
         backend="cpu",
         ctx_size=1024,
         threads=3,
+        cache_type="f16",
         chat_template="gemma",
         system="Be brief.",
         sampling=SamplingParams(
@@ -64,7 +65,8 @@ def test_the_app_imports_minfers_public_api_not_the_minfer_command():
 def test_help_lists_the_flags():
     result = minfer_chat("--help")
     assert result.returncode == 0
-    flags = ("--system", "--max-tokens", "--backend", "--ctx-size", "--chat-template", "--temp", "--top-p", "--seed")
+    flags = ("--system", "--max-tokens", "--backend", "--ctx-size", "--cache-type-k", "--cache-type-v",
+             "--chat-template", "--temp", "--top-p", "--seed")  # fmt: skip
     for flag in flags:
         assert flag in result.stdout
 
@@ -76,6 +78,13 @@ def test_help_lists_the_flags():
         (["--top-p", "3"], 1, "minfer-chat: error: invalid sampling parameter top_p=3.0"),
         (["--backend", "tpu"], 2, "minfer-chat: error: argument --backend: invalid choice: 'tpu'"),
         (["-t", "0"], 2, "minfer-chat: error: argument -t/--threads: "),
+        (
+            ["-ctv", "f16", "--cache-type-k", "f32"],
+            2,
+            "minfer-chat: error: argument -ctk/--cache-type-k f32 and -ctv/--cache-type-v f16: minfer's K and V caches "
+            "share one type (give one of the flags, or both the same type) (see minfer-chat --help)",
+        ),
+        (["-ctk", "q5_1"], 2, "minfer-chat: error: argument -ctk/--cache-type-k: KV cache type 'q5_1' is llama.cpp's"),
         (
             ["--chat-template", "nope"],
             2,

@@ -14,14 +14,16 @@ import re
 
 import numpy as np
 import pytest
+from test_cli import assert_one_line_error, minfer_cli
 
 import minfer
-from minfer import backends
+from minfer import backends, cli
 from minfer.backends import cpu
 from minfer.errors import BackendError, MinferError
 from minfer.graph.ir import Op, TensorKind
+from minfer.info import describe
 from minfer.models import build_graph
-from minfer.testing.synthetic import PRESETS
+from minfer.testing.synthetic import PRESETS, scaled, write_synthetic_model
 
 CTX = 64
 PROMPT = [1, 17, 300, 42, 5, 77, 256, 9, 128, 33, 401, 2]  # token ids of the tiny presets' 512-word vocabulary
@@ -147,6 +149,15 @@ def test_model_info_names_the_cache_type(engines, synthetic_model):
     assert minfer.load(synthetic_model(), backend="cpu").info.cache_type == "f32"  # the default
 
 
+def test_info_counts_the_cache_at_its_types_bytes(tmp_path):
+    """8 layers x (K, V) x 4096 rows x kv_dim 32: 8.4 MB of float32, 4.2 MB of float16."""
+    path = write_synthetic_model(tmp_path / "m.gguf", scaled("tiny-llama", n_layers=8, context_length=4096))
+    for cache_type, megabytes in (("f32", 8), ("f16", 4)):
+        rows = {line.split("  ")[0]: line for line in describe(str(path), cache_type=cache_type).splitlines()}
+        assert rows["memory, cpu"].endswith(f"KV cache of {cache_type} at context 4096 ({megabytes} MB)")
+    assert "float32 only for now (-ctk f16 needs --backend cpu)" in rows["memory, cuda"]
+
+
 # -- the CUDA backend refuses f16 before anything exists -------------------------------------------------------
 
 
@@ -175,3 +186,63 @@ def test_auto_refuses_an_f16_cache_where_it_would_pick_cuda(monkeypatch):
 def test_auto_runs_an_f16_cache_on_the_cpu_where_cuda_cannot_run(monkeypatch):
     monkeypatch.setattr(backends, "cuda_unavailable_reason", lambda: "no CUDA device")
     assert backends.create_backend("auto", "f16").name == "cpu"
+
+
+def test_the_cli_refuses_cuda_with_an_f16_cache_in_one_line(synthetic_model):
+    result = minfer_cli("run", synthetic_model(), "Hello", "--backend", "cuda", "-ctk", "f16")
+    assert_one_line_error(result, f"minfer: error: --backend cuda: the CUDA backend's {CUDA_REFUSAL}")
+    assert result.returncode == 1
+
+
+# -- the flags ---------------------------------------------------------------------------------------------------
+
+
+def parsed(*args: str) -> str:
+    return cli.build_parser().parse_args(["run", *args]).cache_type
+
+
+@pytest.mark.parametrize(
+    ("args", "cache_type"),
+    [
+        ((), "f32"),
+        (("-ctk", "f16"), "f16"),  # one flag sets both
+        (("--cache-type-v", "f16"), "f16"),
+        (("-ctk", "f16", "-ctv", "f16"), "f16"),
+        (("-ctk", "f32", "--cache-type-k", "f16"), "f16"),  # a flag given twice: its last value
+        (("-ctk", "f32", "-ctv", "f16", "-ctk", "f16"), "f16"),  # K's last value agrees with V
+    ],
+)
+def test_the_flags_give_one_cache_type(args, cache_type):
+    assert parsed(*args) == cache_type
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (("-ctk", "f16", "-ctv", "f32"), ["argument -ctk/--cache-type-k f16 and -ctv/--cache-type-v f32",
+                                           "share one type", "give one of the flags, or both the same type"]),
+        (("-ctk", "f16", "-ctv", "f16", "-ctv", "f32"), ["-ctk/--cache-type-k f16 and -ctv/--cache-type-v f32"]),
+        (("-ctk", "q4_0"), ["argument -ctk/--cache-type-k:", "'q4_0' is llama.cpp's, not supported by minfer"]),
+        (("-ctv", "iq4_nl"), ["argument -ctv/--cache-type-v:", "'iq4_nl' is llama.cpp's"]),
+        (("-ctk", "f64"), ["argument -ctk/--cache-type-k: unknown KV cache type 'f64' (choose from f32, f16)"]),
+    ],
+)  # fmt: skip
+def test_bad_flags_are_usage_errors(synthetic_model, args, fragments):
+    result = minfer_cli("run", synthetic_model(), "Hello", *args)
+    line = assert_one_line_error(result, *fragments)
+    assert (
+        result.returncode == 2 and line.startswith("minfer run: error: ") and line.endswith("(see minfer run --help)")
+    )
+
+
+@pytest.mark.parametrize("name", ["bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"])
+def test_every_other_llama_cpp_cache_type_is_refused_by_name(name):
+    with pytest.raises(SystemExit) as exit_status:
+        parsed("-ctk", name)
+    assert exit_status.value.code == 2
+
+
+def test_run_generates_with_an_f16_cache(synthetic_model):
+    result = minfer_cli("run", synthetic_model(), "Hello", "-n", "4", "--temp", "0", "--backend", "cpu", "-ctv", "f16")
+    assert result.returncode == 0, result.stderr
+    assert result.stats()["generated"] == "4"

@@ -91,6 +91,17 @@ def test_info_states_the_memory_each_backend_needs(default_model_path):
     # 134.5 M parameters as float32 and 30 layers x 4096 rows x 2 x 192 floats of KV cache; measured peak: ~713 MB
     assert "memory, cpu" in rows and "727 MB: weights dequantized to float32 at load (538 MB)" in rows["memory, cpu"]
     assert (
-        "KV cache at context 4096 (189 MB)" in rows["memory, cuda"]
+        "KV cache of f32 at context 4096 (189 MB)" in rows["memory, cuda"]
         and "weights as stored (97 MB)" in rows["memory, cuda"]
+    )
+
+
+def test_info_counts_an_f16_kv_cache_at_two_bytes_a_value(default_model_path):
+    rows = {
+        line.split("  ")[0]: line for line in minfer_cli("info", default_model_path, "-ctv", "f16").stdout.splitlines()
+    }
+    cpu = rows["memory, cpu"]
+    assert "632 MB: weights dequantized to float32 at load (538 MB), KV cache of f16 at context 4096 (94 MB)" in cpu
+    assert rows["memory, cuda"].endswith(
+        "the CUDA backend's KV cache is float32 only for now (-ctk f16 needs --backend cpu)"
     )

@@ -10,7 +10,8 @@ import openai
 import pytest
 
 import minfer
-from minfer import ModelNotFoundError
+import minfer_server
+from minfer import ModelNotFoundError, cli
 from minfer.testing.synthetic import write_synthetic_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,6 +66,24 @@ def test_serve_renders_prompts_with_the_chat_template_given(tmp_path):
         server.kill()
     with minfer.load(model, backend="cpu", chat_template=template) as engine:
         assert reply.usage.prompt_tokens == len(engine.tokenizer.encode("[user] What is the capital of France?\n"))
+
+
+def test_serve_loads_the_model_with_the_cache_type_given(tmp_path, monkeypatch):
+    model = write_synthetic_model(tmp_path / "tiny-llama.gguf", "tiny-llama")
+    served = []
+    monkeypatch.setattr(minfer_server, "serve", lambda engine, **options: served.append(engine.info.cache_type))
+    assert cli.main(["serve", str(model), "--backend", "cpu", "-ctv", "f16"]) == 0
+    assert served == ["f16"]
+
+
+def test_serve_refuses_two_cache_types_as_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        cli.main(["serve", "-ctk", "f16", "--cache-type-v", "f32"])
+    assert exit_status.value.code == 2
+    assert capsys.readouterr().err == (
+        "minfer serve: error: argument -ctk/--cache-type-k f16 and -ctv/--cache-type-v f32: minfer's K and V caches "
+        "share one type (give one of the flags, or both the same type) (see minfer serve --help)\n"
+    )
 
 
 def test_without_the_package_serve_says_how_to_install_it():

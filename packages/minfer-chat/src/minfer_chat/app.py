@@ -39,7 +39,7 @@ from textual.worker import get_current_worker
 
 import minfer
 from minfer import ChatSession, Generation, GenerationStats, MinferError, SamplingParams
-from minfer.options import EXIT_ERROR, EXIT_INTERRUPTED
+from minfer.options import DEFAULT_CACHE_TYPE, EXIT_ERROR, EXIT_INTERRUPTED
 from minfer_chat.commands import (
     COMMANDS,
     SAMPLING_SETTERS,
@@ -82,6 +82,7 @@ class ChatOptions:
     backend: str = "auto"
     ctx_size: int | None = None
     threads: int | None = None  # CPU threads for numpy's BLAS; None: the runtime's default
+    cache_type: str = DEFAULT_CACHE_TYPE  # the KV cache's type, K and V alike (-ctk/-ctv): f32 or f16
     chat_template: str | Path | None = None  # a template file or a built-in's name instead of the model's own
     system: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -271,6 +272,7 @@ class ChatApp(App[None]):
                 backend=options.backend,
                 ctx_size=options.ctx_size,
                 threads=options.threads,
+                cache_type=options.cache_type,
                 progress=report_progress,
                 chat_template=options.chat_template,
             )

@@ -42,6 +42,7 @@ def options_from(args: argparse.Namespace) -> ChatOptions:
         backend=args.backend,
         ctx_size=args.ctx_size,
         threads=args.threads,
+        cache_type=args.cache_type,
         chat_template=args.chat_template,
         system=args.system,
         sampling=sampling_from(args),

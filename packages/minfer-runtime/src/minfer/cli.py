@@ -35,6 +35,7 @@ from minfer.options import (
     EXIT_INTERRUPTED,
     OneLineParser,
     VersionAction,
+    add_cache_type_options,
     add_chat_template_option,
     add_model_options,
     add_sampling_options,
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    add_cache_type_options(info)  # the KV cache's share of the memory rows
     add_chat_template_option(info)
 
     pull_cmd = commands.add_parser("pull", help="download a known model into the cache")
@@ -270,7 +272,7 @@ class LoadProgressBar:
 def load_engine(model: str | Path, args: argparse.Namespace, *, max_tokens: int | None = None) -> Engine:
     """The engine for a command's MODEL and model options; `max_tokens`, the reply budget checked before loading."""
     return Engine(model, backend=args.backend, ctx_size=args.ctx_size, threads=args.threads, max_tokens=max_tokens,
-                  progress=LoadProgressBar(), chat_template=args.chat_template)  # fmt: skip
+                  progress=LoadProgressBar(), chat_template=args.chat_template, cache_type=args.cache_type)  # fmt: skip
 
 
 def print_stats(stats: GenerationStats) -> None:
@@ -431,7 +433,7 @@ def command_bench(args: argparse.Namespace) -> int:
 
 
 def command_info(args: argparse.Namespace) -> int:
-    write_output(describe(args.model, args.chat_template) + "\n")
+    write_output(describe(args.model, args.chat_template, cache_type=args.cache_type) + "\n")
     return 0
 
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from minfer.backends import cuda_kernel_types
+from minfer.backends import CUDA_CACHE_TYPES, cuda_kernel_types
 from minfer.chat_template import ChatTemplate, TemplateChoice
 from minfer.engine import DEFAULT_CTX_SIZE
 from minfer.gguf_file import GGUFFile, printable
 from minfer.model_store import resolve_model
 from minfer.models.audit import audit
 from minfer.models.config import ModelConfig
+from minfer.models.llama import DEFAULT_CACHE_TYPE, kv_cache_tensors
 from minfer.tokenizer import Tokenizer
 
 
-def describe(model: str, chat_template: TemplateChoice | None = None) -> str:
-    """What `minfer info` prints about `model`; `chat_template` is the template given instead of the file's."""
+def describe(model: str, chat_template: TemplateChoice | None = None, *, cache_type: str = DEFAULT_CACHE_TYPE) -> str:
+    """What `minfer info` prints about `model`; `chat_template` is the template given instead of the file's,
+    `cache_type` the KV cache's type its memory rows count."""
     gguf = GGUFFile(resolve_model(model))
     config = ModelConfig.from_gguf(gguf)
     tokenizer = Tokenizer.from_gguf(gguf)
@@ -32,7 +34,7 @@ def describe(model: str, chat_template: TemplateChoice | None = None) -> str:
         ("rope", config.rope.describe()),
         ("rms norm epsilon", f"{config.rms_eps:g}"),
         ("context length", config.context_length),
-        *memory_rows(gguf, config),
+        *memory_rows(gguf, config, cache_type),
         ("output", "tied to token_embd" if config.tied_output else "separate output.weight"),
         ("qkv bias", "yes" if config.qkv_bias else "no"),
         (
@@ -52,19 +54,27 @@ def describe(model: str, chat_template: TemplateChoice | None = None) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
-def memory_rows(gguf: GGUFFile, config: ModelConfig) -> list[tuple[str, str]]:
-    """What running the file costs in memory on each backend, at the default context size (the engine's rule)."""
+def memory_rows(gguf: GGUFFile, config: ModelConfig, cache_type: str) -> list[tuple[str, str]]:
+    """What running the file costs in memory on each backend, at the default context size (the engine's rule), with
+    a KV cache of `cache_type` (the CUDA backend's is f32 only for now)."""
     ctx = min(config.context_length, DEFAULT_CTX_SIZE)
-    kv_cache = 2 * config.n_layers * ctx * config.kv_dim * 4  # K and V rows of float32, every layer
+    # Every layer's K and V caches, as the graph declares them: 4 bytes a value in f32, 2 in f16.
+    layers = range(config.n_layers)
+    kv_cache = sum(t.nbytes for layer in layers for t in kv_cache_tensors(config, layer, ctx, cache_type))
     read = config.expected_tensors()
     stored = sum(t.nbytes for name, t in gguf.tensors.items() if name in read)
     as_float32 = 4 * sum(t.n_elements for name, t in gguf.tensors.items() if name in read)
     mb = 1e6
+    cache = f"KV cache of {cache_type} at context {ctx} ({kv_cache / mb:.0f} MB)"
+    cuda = (
+        f"{(stored + kv_cache) / mb:.0f} MB of device memory: weights as stored ({stored / mb:.0f} MB), {cache}"
+        if cache_type in CUDA_CACHE_TYPES
+        else f"the CUDA backend's KV cache is float32 only for now (-ctk {cache_type} needs --backend cpu)"
+    )
     return [
         ("memory, cpu", f"{(as_float32 + kv_cache) / mb:.0f} MB: weights dequantized to float32 at load "
-         f"({as_float32 / mb:.0f} MB), KV cache at context {ctx} ({kv_cache / mb:.0f} MB)"),
-        ("memory, cuda", f"{(stored + kv_cache) / mb:.0f} MB of device memory: weights as stored "
-         f"({stored / mb:.0f} MB), KV cache at context {ctx} ({kv_cache / mb:.0f} MB)"),
+         f"({as_float32 / mb:.0f} MB), {cache}"),
+        ("memory, cuda", cuda),
     ]  # fmt: skip
 
 

@@ -1,9 +1,9 @@
 """What minfer's commands share on the command line: `minfer` (minfer.cli) and `minfer-chat` parse with these.
 
 One definition of each: the parser (a malformed command line is one line and exit status 2), `--version`, the
-model, chat template and sampling options and the types of their values, and the exit statuses. A value type raises
-`argparse.ArgumentTypeError`, which the parser reports naming the flag; `minfer-chat` reads a `/seed` with
-`seed_value` too, so that the flag and the slash command take the same values.
+model, KV cache type, chat template and sampling options and the types of their values, and the exit statuses. A
+value type raises `argparse.ArgumentTypeError`, which the parser reports naming the flag; `minfer-chat` reads a
+`/seed` with `seed_value` too, so that the flag and the slash command take the same values.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import importlib.metadata
 import math
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,6 +20,7 @@ from minfer.backends import BACKEND_CHOICES
 from minfer.chat_template import resolve_chat_template
 from minfer.chat_template_builtins import BUILTIN_TEMPLATES
 from minfer.errors import TemplateError
+from minfer.models.llama import DEFAULT_CACHE_TYPE, KV_CACHE_TYPES, check_cache_type
 from minfer.sampler import SamplingParams
 from minfer.threads import default_threads
 
@@ -39,11 +41,27 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a malformed command line is one line on stderr, not a usage dump; --help shows defaults."""
+    """argparse, but a malformed command line is one line on stderr, not a usage dump; --help shows defaults.
+
+    `after_parse` holds what reads several flags together once they are all parsed (a flag given twice has its
+    last value by then): each is called with the parsed arguments, and an ArgumentTypeError it raises is a usage
+    error like a bad flag value."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
+        self.after_parse: list[Callable[[argparse.Namespace], None]] = []
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for finish in self.after_parse:
+            try:
+                finish(parsed)
+            except argparse.ArgumentTypeError as exc:
+                self.error(str(exc))
+        return parsed, extras
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -134,9 +152,47 @@ def add_chat_template_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--backend, -c/--ctx-size, -t/--threads and --chat-template: how to load the model (the arguments of
-    `minfer.load`)."""
+def cache_type_value(text: str) -> str:
+    """-ctk/-ctv: a KV cache type minfer has; llama.cpp's others are refused by name (models/llama.py:
+    check_cache_type)."""
+    try:
+        return check_cache_type(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_cache_type_options(parser: OneLineParser) -> None:
+    """-ctk/--cache-type-k and -ctv/--cache-type-v TYPE (llama.cpp's): the KV cache's type, `args.cache_type`.
+
+    minfer's K and V caches share one type, so either flag sets both, and the two naming different types is a usage
+    error naming both."""
+    types = ", ".join(KV_CACHE_TYPES)
+    parser.add_argument(
+        "-ctk", "--cache-type-k", type=cache_type_value, metavar="TYPE",
+        help=f"KV cache type ({types}; default: {DEFAULT_CACHE_TYPE}): f16 halves the cache's memory, each value "
+        "rounded to float16 as it is stored (the CUDA backend's is f32 only for now); sets V's too",
+    )  # fmt: skip
+    parser.add_argument(
+        "-ctv", "--cache-type-v", type=cache_type_value, metavar="TYPE",
+        help="as -ctk: minfer's K and V caches share one type",
+    )  # fmt: skip
+    parser.after_parse.append(one_cache_type)
+
+
+def one_cache_type(args: argparse.Namespace) -> None:
+    """`args.cache_type` from -ctk and -ctv: the one given, or both when they agree (default: f32)."""
+    k, v = args.cache_type_k, args.cache_type_v
+    if k is not None and v is not None and k != v:
+        raise argparse.ArgumentTypeError(
+            f"argument -ctk/--cache-type-k {k} and -ctv/--cache-type-v {v}: minfer's K and V caches share one type "
+            "(give one of the flags, or both the same type)"
+        )
+    args.cache_type = k or v or DEFAULT_CACHE_TYPE
+
+
+def add_model_options(parser: OneLineParser) -> None:
+    """--backend, -c/--ctx-size, -t/--threads, -ctk/-ctv and --chat-template: how to load the model (the arguments
+    of `minfer.load`)."""
     parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="where to run (default: auto)")
     parser.add_argument(
         "-c", "--ctx-size", type=positive_int, help="context size in tokens (default: min(4096, model's))"
@@ -147,6 +203,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help=f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)",
     )
+    add_cache_type_options(parser)
     add_chat_template_option(parser)
 
 
