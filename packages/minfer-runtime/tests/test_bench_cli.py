@@ -14,10 +14,10 @@ import sqlite3
 import time
 
 import pytest
-from test_cli import assert_one_line_error, minfer_cli
+from test_cli import assert_one_line_error, call_main, minfer_cli
 
 import minfer
-from minfer import bench
+from minfer import bench, cli
 from minfer.engine import Engine
 from minfer.errors import ContextOverflowError, MinferError
 from minfer.gguf_file import GGUFFile
@@ -263,6 +263,7 @@ def result(**changes) -> bench.BenchResult:
         "backends": "cpu",
         "gpu_info": "",
         "n_threads": 8,
+        "cache_type": "f16",
         "n_prompt": 0,
         "n_gen": 128,
         "n_depth": 0,
@@ -274,9 +275,13 @@ def result(**changes) -> bench.BenchResult:
     return bench.BenchResult(**fields)
 
 
-def printed(output_format: str, results: list[bench.BenchResult], threads_column: bool = True) -> str:
+def printed(
+    output_format: str, results: list[bench.BenchResult], threads_column: bool = True, cache_type_columns: bool = False
+) -> str:
     out = io.StringIO()
-    printer = bench.make_printer(output_format, out.write, threads_column=threads_column)
+    printer = bench.make_printer(
+        output_format, out.write, threads_column=threads_column, cache_type_columns=cache_type_columns
+    )
     printer.header()
     for r in results:
         printer.test(r)
@@ -315,6 +320,14 @@ def test_markdown_is_llama_benchs_table():
     assert "threads" not in printed("md", [result()], threads_column=False)
 
 
+def test_markdown_shows_the_cache_types_as_llama_bench_does():
+    """llama-bench's type_k and type_v columns: width 6, right-aligned, after the threads."""
+    lines = printed("md", [result(cache_type="f32")], cache_type_columns=True).splitlines()
+    assert lines[0].startswith("| model ") and "| threads | type_k | type_v |            test |" in lines[0]
+    assert "| ------: | -----: | -----: | --------------: |" in lines[1]
+    assert "|       8 |    f32 |    f32 |           tg128 |" in lines[2]
+
+
 def test_csv_quotes_every_value():
     rows = list(csv.reader(io.StringIO(printed("csv", [result()]))))
     assert rows[0] == list(bench.FIELDS)
@@ -323,6 +336,7 @@ def test_csv_quotes_every_value():
     assert values["avg_ts"] == "96.000000" and values["n_threads"] == "8" and values["avg_ns"] == "1500000000"
     assert values["test"] == "tg128" and values["weight_gb_per_second"] == "96.000000"
     assert values["cpu_info"] == bench.cpu_info() and values["gpu_info"] == ""
+    assert values["type_k"] == values["type_v"] == "f16"
 
 
 def test_json_and_jsonl_carry_the_samples():
@@ -332,26 +346,64 @@ def test_json_and_jsonl_carry_the_samples():
     assert list(records[0]) == [*bench.FIELDS, "samples_ns", "samples_ts"]
     assert records[0]["samples_ns"] == [1_000_000_000, 2_000_000_000] and records[0]["samples_ts"] == [128.0, 64.0]
     assert records[0]["n_threads"] == 8 and records[1]["test"] == "tg64"
+    assert records[0]["type_k"] == records[0]["type_v"] == "f16"
     assert json.loads(printed("json", [])) == []
 
 
 def test_sql_loads_into_sqlite():
     database = sqlite3.connect(":memory:")
     database.executescript(printed("sql", [result(), result(n_prompt=512, n_gen=0)]))
-    rows = database.execute("SELECT model_type, n_threads, avg_ts, weight_gb_per_second, test FROM llama_bench")
-    assert rows.fetchall() == [
-        ('llama "7B" it\'s', 8, 96.0, 96.0, "tg128"),
-        ('llama "7B" it\'s', 8, 384.0, None, "pp512"),
+    query = "SELECT model_type, n_threads, type_k, type_v, avg_ts, weight_gb_per_second, test FROM llama_bench"
+    assert database.execute(query).fetchall() == [
+        ('llama "7B" it\'s', 8, "f16", "f16", 96.0, 96.0, "tg128"),
+        ('llama "7B" it\'s', 8, "f16", "f16", 384.0, None, "pp512"),
     ]
     types = {row[1]: row[2] for row in database.execute("PRAGMA table_info(llama_bench)")}
     assert types == {field: bench.SQL_TYPES[kind] for field, kind in bench.FIELDS.items()}
 
 
 def test_none_prints_nothing():
-    assert bench.make_printer("none", print, threads_column=True) is None
+    assert bench.make_printer("none", print, threads_column=True, cache_type_columns=True) is None
 
 
 # -- the command: what a user sees ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("types_k", "types_v", "expected"),
+    [
+        ([], [], ["f32"]),  # minfer's default
+        (["f16", "f32"], [], ["f16", "f32"]),  # one list alone: each type for K and V both
+        ([], ["f16"], ["f16"]),
+        (["f16"], ["f16"], ["f16"]),
+        (["f16", "f16"], ["f16"], ["f16", "f16"]),  # llama-bench's crossing: twice (f16, f16), so twice the tests
+    ],
+)
+def test_cache_type_lists_cross_as_llama_benchs_into_one_type_each(types_k, types_v, expected):
+    assert bench.cache_types(types_k, types_v) == expected
+
+
+@pytest.mark.parametrize(
+    ("types_k", "types_v", "pair"),
+    [(["f16", "f32"], ["f16", "f32"], "K f16 with V f32"), (["f16"], ["f32"], "K f16 with V f32"),
+     (["f32"], ["f32", "f16"], "K f32 with V f16")],
+)  # fmt: skip
+def test_cache_type_lists_that_cross_into_two_types_are_refused_saying_how_to_ask(types_k, types_v, pair):
+    with pytest.raises(ValueError) as error:
+        bench.cache_types(types_k, types_v)
+    message = str(error.value)
+    assert f"-ctk {','.join(types_k)} -ctv {','.join(types_v)}" in message and pair in message
+    assert "crosses the two lists" in message and "share one type" in message
+    wanted = ",".join(dict.fromkeys([*types_k, *types_v]))
+    assert f"give the types to one flag (-ctk {wanted} measures each for both K and V)" in message
+
+
+def test_cache_type_values_are_minfers_and_llama_cpps_others_are_named():
+    assert bench.parse_cache_types("f32,f16,") == ["f32", "f16"]
+    with pytest.raises(ValueError, match=re.escape("'bf16' is llama.cpp's, not supported by minfer")):
+        bench.parse_cache_types("f16,bf16")
+    with pytest.raises(ValueError, match=r"unknown KV cache type 'F16' \(choose from f32, f16\)"):
+        bench.parse_cache_types("F16")
 
 
 def test_zero_skips_a_kind_of_test(tiny):
@@ -388,6 +440,49 @@ def test_models_as_flags_and_argument(tiny, tiny_qwen):
     records = jsonl(minfer_cli("bench", tiny, *args))
     assert [r["model_filename"] for r in records] == [str(tiny), str(tiny_qwen), str(tiny), str(tiny_qwen)]
     assert {r["model_type"] for r in records} == {GGUFFile(tiny).name, GGUFFile(tiny_qwen).name}
+
+
+def test_each_cache_type_is_a_load_running_every_test_in_llama_benchs_order(tiny, monkeypatch, capsys):
+    """llama-bench's loops: the type pairs outside the thread counts and depths, each pair a context of its own;
+    in minfer each cache type is an Engine of its own, and the records carry llama-bench's type_k and type_v."""
+    loads = []
+
+    def engine(*args, **kwargs):
+        loads.append(kwargs["cache_type"])
+        return Engine(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "Engine", engine)
+    argv = ["bench", str(tiny), "-ctk", "f32,f16", "-p", "8", "-n", "2", "-t", "1,2", "-o", "jsonl", *QUICK]
+    assert call_main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert loads == ["f32", "f16"]
+    assert [(r["type_k"], r["type_v"], r["n_threads"], r["test"]) for r in records] == [
+        (cache_type, cache_type, threads, test)
+        for cache_type in ("f32", "f16")
+        for threads in (1, 2)
+        for test in ("pp8", "tg2")
+    ]
+
+
+def test_the_other_flag_alone_sets_both_types_too(tiny):
+    records = jsonl(
+        minfer_cli("bench", tiny, "-ctv", "f16", "-ctv", "f16", "-p", "8", "-n", "0", "-o", "jsonl", *QUICK)
+    )
+    assert [(r["type_k"], r["type_v"], r["test"]) for r in records] == [("f16", "f16", "pp8")] * 2
+
+
+def test_crossed_cache_types_are_a_usage_error(tiny):
+    result = minfer_cli("bench", tiny, "-ctk", "f16,f32", "-ctv", "f16,f32", "-p", "8", "-n", "0", *QUICK)
+    line = assert_one_line_error(result, "-ctk f16,f32 -ctv f16,f32", "pairs K f16 with V f32", "-ctk f16,f32 measures")
+    assert result.returncode == 2 and line.startswith("minfer bench: error: ")
+
+
+@pytest.mark.parametrize(("args", "columns"), [((), ("f32", "f32")), (("-ctk", "f16"), None)])
+def test_markdown_shows_the_cache_types_unless_they_are_llama_benchs_f16(tiny, args, columns):
+    result = minfer_cli("bench", tiny, *args, "-p", "8", "-n", "0", *QUICK)
+    assert result.returncode == 0, result.stderr
+    [row] = markdown_rows(result.stdout)
+    assert (row.get("type_k"), row.get("type_v")) == (columns or (None, None))
 
 
 def test_markdown_shows_threads_on_the_cpu(tiny):
@@ -457,7 +552,7 @@ def test_delay_waits_before_each_test(tiny):
 # A valid value of every ignored flag (None: it takes none).
 IGNORED_VALUES = {
     "--numa": "distribute", "--prio": "1", "-v": None, "-fitt": "1024", "-fitc": "4096", "--offline": None,
-    "-b": "2048", "-ub": "256,512", "-ctk": "q8_0", "-ctv": "f16", "-C": "0xff", "--cpu-strict": "1",
+    "-b": "2048", "-ub": "256,512", "-C": "0xff", "--cpu-strict": "1",
     "--poll": "0-100+50", "-ngl": "0", "-ncmoe": "0", "-sm": "row", "-mg": "0", "-nkvo": "1", "-fa": "on",
     "-dev": "auto", "-lm": "mmap", "-lzm": "on", "-mmp": "0", "-dio": "1", "-embd": "0", "-ts": "3/1",
     "-nopo": "1", "--no-host": "1", "--repack": "0",
@@ -488,7 +583,8 @@ def test_long_spellings_of_ignored_flags_are_named_as_given(tiny):
         (["-nkvo", "2"], ["-nkvo/--no-kv-offload", "'2'"]),
         (["-fa", "maybe"], ["-fa/--flash-attn", "'maybe'"]),
         (["-sm", "diagonal"], ["-sm/--split-mode", "'diagonal'"]),
-        (["-ctk", "f8"], ["-ctk/--cache-type-k", "'f8'"]),
+        (["-ctk", "f8"], ["-ctk/--cache-type-k", "unknown KV cache type 'f8'", "f32, f16"]),
+        (["-ctv", "f16,q8_0"], ["-ctv/--cache-type-v", "'q8_0' is llama.cpp's, not supported by minfer"]),
         (["-C", "0xzz"], ["-C/--cpu-mask", "'0xzz'"]),
         (["-ts", "a/b"], ["-ts/--tensor-split", "'a/b'"]),
         (["--prio", "7"], ["--prio", "'7'"]),

@@ -2,7 +2,8 @@
 
 A test (`BenchTest`) prefills `n_prompt` random tokens, or generates `n_gen` tokens one by one, or does
 both (llama-bench's `-pg`), after `n_depth` tokens already in the KV cache (`-d`), on `threads` CPU threads
-(`-t`). `plan_tests` multiplies the parameter lists into tests in llama-bench's order. Each test runs once to
+(`-t`). `plan_tests` multiplies the parameter lists into tests in llama-bench's order. Each model, and each KV
+cache type of it (`-ctk`/`-ctv`, `cache_types`), is a load of its own that runs every test. Each test runs once to
 warm up, then `repetitions` times, each from a cache that holds exactly the depth's tokens (prefilled, untimed,
 before each repetition); the result is every repetition's time, reported as llama-bench reports it: the mean ±
 sample standard deviation of tokens per second. Token ids are random (seeded) — the speed of a forward pass
@@ -30,6 +31,7 @@ import numpy as np
 import minfer
 from minfer.engine import PREFILL_CHUNK, Engine
 from minfer.errors import ContextOverflowError, MinferError
+from minfer.models.llama import DEFAULT_CACHE_TYPE, check_cache_type
 
 # Called with a step of the running test: "depth", "prompt" or "generation" (what runs next).
 Announce = Callable[[str], None]
@@ -137,6 +139,7 @@ class BenchResult:
     backends: str
     gpu_info: str
     n_threads: int
+    cache_type: str  # the KV cache's type, K and V alike (llama-bench's type_k and type_v)
     n_prompt: int
     n_gen: int
     n_depth: int
@@ -147,6 +150,14 @@ class BenchResult:
     @property
     def test(self) -> str:
         return BenchTest(self.n_prompt, self.n_gen, self.n_depth).name
+
+    @property
+    def type_k(self) -> str:
+        return self.cache_type
+
+    @property
+    def type_v(self) -> str:
+        return self.cache_type
 
     @property
     def samples_ts(self) -> list[float]:
@@ -251,6 +262,7 @@ def run_test(
         backends=info.backend,
         gpu_info=info.device if info.backend == "cuda" else "",
         n_threads=engine.threads,
+        cache_type=info.cache_type,
         n_prompt=test.n_prompt,
         n_gen=test.n_gen,
         n_depth=test.n_depth,
@@ -264,7 +276,7 @@ def run_test(
 
 # llama-bench's fields (test::get_fields) that minfer has a value for, in llama-bench's order and with its
 # types (STRING, INT, FLOAT), then minfer's own two. The fields of llama.cpp's knobs that minfer does not have
-# (n_batch, type_k, flash_attn, ...) are left out rather than filled with values minfer did not run with.
+# (n_batch, flash_attn, ...) are left out rather than filled with values minfer did not run with.
 FIELDS: dict[str, type] = {
     "cpu_info": str,
     "gpu_info": str,
@@ -274,6 +286,8 @@ FIELDS: dict[str, type] = {
     "model_size": int,
     "model_n_params": int,
     "n_threads": int,
+    "type_k": str,
+    "type_v": str,
     "n_prompt": int,
     "n_gen": int,
     "n_depth": int,
@@ -326,17 +340,22 @@ class Printer(ABC):
 
 
 # llama-bench's markdown_printer::get_field_width for these columns; any other is max(its name's length, 10).
-MARKDOWN_WIDTHS = {"model": -30, "size": 10, "params": 10, "backend": -10, "threads": 7, "test": 15, "t/s": 20}
+MARKDOWN_WIDTHS = {
+    "model": -30, "size": 10, "params": 10, "backend": -10, "threads": 7, "type_k": 6, "type_v": 6, "test": 15,
+    "t/s": 20,
+}  # fmt: skip
+LLAMA_BENCH_CACHE_TYPE = "f16"  # llama-bench's default -ctk and -ctv: its table has no type columns for it
 
 
 class MarkdownPrinter(Printer):
     """llama-bench's table: its columns, widths and alignment (a negative width aligns left), and its footer."""
 
-    def __init__(self, out: Callable[[str], None], *, threads_column: bool) -> None:
+    def __init__(self, out: Callable[[str], None], *, threads_column: bool, cache_type_columns: bool) -> None:
         super().__init__(out)
-        # llama-bench shows the threads column on a CPU backend, or when -t was given.
-        self.columns = ["model", "size", "params", "backend", *(["threads"] if threads_column else []), "test"]
-        self.columns += ["t/s", "weights GB/s"]
+        # llama-bench shows the threads column on a CPU backend, or when -t was given; type_k and type_v when the
+        # cache types are not its default, f16 alone.
+        self.columns = ["model", "size", "params", "backend", *(["threads"] if threads_column else [])]
+        self.columns += [*(["type_k", "type_v"] if cache_type_columns else []), "test", "t/s", "weights GB/s"]
 
     def width(self, column: str) -> int:
         return MARKDOWN_WIDTHS.get(column, max(len(column), 10))
@@ -358,6 +377,8 @@ class MarkdownPrinter(Printer):
             "params": format_params(result.model_n_params),
             "backend": result.backends,
             "threads": str(result.n_threads),
+            "type_k": result.type_k,
+            "type_v": result.type_v,
             "test": result.test,
             "t/s": f"{result.avg_ts:.2f} ± {result.stddev_ts:.2f}",
             "weights GB/s": "" if gbps is None else f"{gbps:.1f}",
@@ -423,12 +444,15 @@ class SqlPrinter(Printer):
 OUTPUT_FORMATS = ("csv", "json", "jsonl", "md", "sql", "none")
 
 
-def make_printer(output_format: str, out: Callable[[str], None], *, threads_column: bool) -> Printer | None:
-    """The printer of a -o/-oe format writing through `out`; None for `none`."""
+def make_printer(
+    output_format: str, out: Callable[[str], None], *, threads_column: bool, cache_type_columns: bool
+) -> Printer | None:
+    """The printer of a -o/-oe format writing through `out`; None for `none`. The two flags choose the markdown
+    table's optional columns."""
     if output_format == "none":
         return None
     if output_format == "md":
-        return MarkdownPrinter(out, threads_column=threads_column)
+        return MarkdownPrinter(out, threads_column=threads_column, cache_type_columns=cache_type_columns)
     printers = {"csv": CsvPrinter, "json": JsonPrinter, "jsonl": JsonlPrinter, "sql": SqlPrinter}
     if output_format not in printers:
         raise MinferError(f"unknown output format '{output_format}' (choose from {', '.join(OUTPUT_FORMATS)})")
@@ -543,6 +567,31 @@ def parse_counts(text: str) -> list[int]:
     return [int(item) for item in items]
 
 
+def parse_cache_types(text: str) -> list[str]:
+    """-ctk's and -ctv's lists of KV cache types: f32, f16 (llama.cpp's other types refused by name)."""
+    return [check_cache_type(item) for item in list_items(text)]
+
+
+def cache_types(types_k: Sequence[str], types_v: Sequence[str]) -> list[str]:
+    """The KV cache types to measure, in order, each a model load of its own, from -ctk's and -ctv's lists.
+
+    llama-bench crosses the lists (get_cmd_params_instances: every K type with every V type, K outermost). minfer's K
+    and V share one type, so one list alone is each of its types for both, and two lists must cross into pairs of
+    one type only: a pair of different types is a ValueError saying how to ask. Neither list: minfer's default.
+    """
+    if not types_k or not types_v:
+        return list(types_k or types_v or [DEFAULT_CACHE_TYPE])
+    mixed = next(((k, v) for k in types_k for v in types_v if k != v), None)
+    if mixed is not None:
+        wanted = ",".join(dict.fromkeys([*types_k, *types_v]))
+        raise ValueError(
+            f"-ctk {','.join(types_k)} -ctv {','.join(types_v)}: llama-bench crosses the two lists (every K type with "
+            f"every V type), which pairs K {mixed[0]} with V {mixed[1]}, but minfer's K and V caches share one type: "
+            f"give the types to one flag (-ctk {wanted} measures each for both K and V), or one same type to both"
+        )
+    return [k for k in types_k for _ in types_v]
+
+
 def parse_pairs(text: str) -> list[tuple[int, int]]:
     """-pg's `pp,tg`: one prompt size and one generation length, both zero or more."""
     items = text.split(",")
@@ -643,7 +692,6 @@ class RefusedFlag:
     reason: str  # why accepting it would mislead
 
 
-KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama-bench's ggml_type_from_name
 ONE_DEVICE = "minfer runs a model on one device: there is nothing to split or spread"
 LOAD_ONLY = "minfer memory-maps the file and reads every weight at load; how does not change the timed runs"
 NO_PINNING = "minfer does not pin or schedule threads (run the command under taskset, nice or chrt for that)"
@@ -659,9 +707,6 @@ IGNORED_FLAGS = (
                 f"minfer runs a prompt in pieces of {PREFILL_CHUNK} tokens (llama.cpp's default -ub), whatever -b "
                 "says"),
     IgnoredFlag(("-ub", "--ubatch-size"), "N", bounded("batch size", 1), "as -b"),
-    IgnoredFlag(("-ctk", "--cache-type-k"), "TYPE", parse_choices(*KV_TYPES),
-                "minfer's KV cache has one type, float32, on both backends"),
-    IgnoredFlag(("-ctv", "--cache-type-v"), "TYPE", parse_choices(*KV_TYPES), "as -ctk"),
     IgnoredFlag(("-C", "--cpu-mask"), "HEX[,HEX...]", parse_cpu_masks, NO_PINNING),
     bool_flag(("--cpu-strict",), NO_PINNING),
     IgnoredFlag(("--poll",), "0...100", bounded("polling level", maximum=100),

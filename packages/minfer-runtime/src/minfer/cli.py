@@ -189,9 +189,9 @@ class RefusedAction(argparse.Action):
         raise argparse.ArgumentError(self, f"refused: {self.reason}")
 
 
-def add_bench_options(parser: argparse.ArgumentParser) -> None:
+def add_bench_options(parser: OneLineParser) -> None:
     """`minfer bench`'s flags: llama-bench's (bench.IGNORED_FLAGS and bench.REFUSED_FLAGS for those that do not
-    apply), plus minfer's --backend and --ctx-size. Its -t is a list, so not add_model_options'."""
+    apply), plus minfer's --backend and --ctx-size. Its -t, -ctk and -ctv are lists, so not add_model_options'."""
     parser.set_defaults(ignored=[])
     parser.add_argument("model", nargs="?", metavar="MODEL", help="a known name or a .gguf file, as -m")
     parser.add_argument("--version", action=VersionAction, help="the versions of minfer's packages")
@@ -209,9 +209,14 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
          "tokens already in the KV cache when each test starts, prefilled untimed (default: 0)"),
         (("-t", "--threads"), "n_threads", bench.bounded("thread count", 1), "N",
          f"CPU threads for the numpy work (default: one per physical core, {default_threads()} here)"),
+        (("-ctk", "--cache-type-k"), "cache_types_k", bench.parse_cache_types, "TYPE[,TYPE...]",
+         "KV cache types, each a model load of its own: f32, f16; given alone, each is V's type too (default: f32)"),
+        (("-ctv", "--cache-type-v"), "cache_types_v", bench.parse_cache_types, "TYPE[,TYPE...]",
+         "as -ctk: minfer's K and V caches share one type, so the lists may not cross into a pair of two types"),
     )  # fmt: skip
     for options, dest, parse, metavar, text in test_flags:
         tests.add_argument(*options, dest=dest, action=BenchListAction, parse=parse, metavar=metavar, help=text)
+    parser.after_parse.append(bench_cache_types)
     run = parser.add_argument_group("how the tests run and print")
     run.add_argument("-r", "--repetitions", type=positive_int, default=5, help="times each test is measured")
     run.add_argument("-o", "--output", choices=bench.OUTPUT_FORMATS, default="md", help="format on stdout")
@@ -231,6 +236,14 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     for flag in bench.REFUSED_FLAGS:
         refused.add_argument(*flag.options, action=RefusedAction, reason=flag.reason,
                              takes_value=flag.metavar is not None, metavar=flag.metavar, help=flag.reason)  # fmt: skip
+
+
+def bench_cache_types(args: argparse.Namespace) -> None:
+    """`args.cache_types`, the KV cache types to measure, from -ctk's and -ctv's lists (bench.cache_types)."""
+    try:
+        args.cache_types = bench.cache_types(args.cache_types_k or [], args.cache_types_v or [])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def looks_like_model(text: str) -> bool:
@@ -366,10 +379,12 @@ def start_bench_output(args: argparse.Namespace, engine: Engine) -> list[bench.P
     loaded and its checks passed, so that a refused value is the only line and nothing is half printed."""
     if args.ignored:
         write_error(f"minfer bench: ignored (no effect in minfer): {', '.join(args.ignored)}\n")
-    # llama-bench's markdown shows the threads column on a CPU backend, or when -t was given.
+    # llama-bench's markdown shows the threads column on a CPU backend, or when -t was given; the cache types' when
+    # they are not its default.
     threads_column = args.n_threads is not None or engine.backend.name == "cpu"
+    cache_type_columns = args.cache_types != [bench.LLAMA_BENCH_CACHE_TYPE]
     printers = [
-        bench.make_printer(output_format, out, threads_column=threads_column)
+        bench.make_printer(output_format, out, threads_column=threads_column, cache_type_columns=cache_type_columns)
         for output_format, out in ((args.output, write_output), (args.output_err, write_error))
     ]
     printers = [printer for printer in printers if printer is not None]
@@ -408,9 +423,11 @@ def command_bench(args: argparse.Namespace) -> int:
     for model in models:
         resolve_model(model)  # a missing model is one line before anything runs, not after the others' tests
     printers = None
-    total, index = len(models) * len(tests), 0
-    for model in models:
-        with Engine(model, backend=args.backend, ctx_size=args.ctx_size, progress=LoadProgressBar()) as engine:
+    total, index = len(models) * len(args.cache_types) * len(tests), 0
+    # llama-bench's order: each model, each cache type of it (a load of its own), the tests.
+    for model, cache_type in ((model, cache_type) for model in models for cache_type in args.cache_types):
+        with Engine(model, backend=args.backend, ctx_size=args.ctx_size, progress=LoadProgressBar(),
+                    cache_type=cache_type) as engine:  # fmt: skip
             bench.check_placement(
                 engine.backend.name, engine.config.n_layers, args.n_gpu_layers or [], args.no_kv_offload or []
             )
