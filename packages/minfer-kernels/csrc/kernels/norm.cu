@@ -20,10 +20,9 @@ namespace {
 constexpr int NORM_THREADS = 256;
 constexpr int LINE_BYTES = 128;
 
-// What a norm does before touching an activation: bring the lines of weight[0, d) into L2, the block's
-// threads striding over them (from the line holding weight[0], which need not start one; a prompt's blocks
-// each hint the same few lines, cheaper than sharing them out), then wait for the previous kernel and let the
-// next one launch.
+// What an overlapped norm does before touching an activation: bring the lines of weight[0, d) into L2, the
+// block's threads striding over them (from the line holding weight[0], which need not start one), then wait for
+// the previous kernel and let the next one launch.
 __device__ __forceinline__ void prefetch_weight_then_wait(const float* weight, int d) {
     const char* first_line = reinterpret_cast<const char*>(
         reinterpret_cast<std::uintptr_t>(weight) & ~std::uintptr_t(LINE_BYTES - 1));
@@ -62,10 +61,10 @@ __global__ void rms_norm_add_f32(const float* __restrict__ x, const float* __res
     for (int i = threadIdx.x; i < d; i += blockDim.x) y_row[i] += row[i] * inv_rms * weight[i];
 }
 
-// A decode step's norm (one row) is launched overlapped, between the GEMVs that are. A prompt's norm (a row a
-// token, or a head) is launched plainly, and its kernel neither prefetches nor lets the next kernel start early,
-// as before: overlapped, pp512 lost 1-3% at Qwen3-0.6B and Gemma 3 270M (docs/PERFORMANCE.md, session 39), its
-// blocks started early waiting on SMs that the GEMM before it still needed.
+// A decode step's norm (one row; none is an invalid launch either way) is launched overlapped, between the GEMVs
+// that are. A prompt's norm (a row a token, or a head) is launched plainly, and its kernel neither prefetches nor
+// lets the next kernel start early, as before: overlapped, pp512 lost 1-3% at Qwen3-0.6B and Gemma 3 270M
+// (docs/PERFORMANCE.md, session 39), its blocks started early waiting on SMs that the GEMM before it still needed.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_norm(void (*overlapped)(KernelArgs...), void (*plain)(KernelArgs...), int rows,
                         cudaStream_t stream, Args... args) {
