@@ -1,13 +1,14 @@
 """Issue 17's table: minfer against llama.cpp on the same GGUF files, on one GPU, in one run.
 
     python tools/bench_vs_llamacpp.py --llama-bin DIR [--shapes qwen2.5-0.5b,llama3.2-1b]
-        [--types Q4_0,Q8_0,Q4_K_M,F16] [--models FILE,...] [--depth 2048] [--workdir DIR]
+        [--types Q4_0,Q8_0,Q4_K_M,F16] [--models FILE,...] [--depth 2048] [--cache-type f16] [--workdir DIR]
 
 For each shape (a preset of minfer.testing.synthetic, whose writer is gguf-py, llama.cpp's own GGUF library),
 an F16 model with random weights is written once; llama.cpp's `llama-quantize` (in DIR, with `llama-bench`)
 makes each type from it (F16 is the source itself). On each file `minfer bench` and then llama-bench (flash
-attention on, every layer on the GPU) measure pp512 and tg128, both with `-r 5`, and again after `--depth`
-tokens in the cache (0: not). `--models` adds GGUF files benched as they are (a real model in its own
+attention on, every layer on the GPU) measure pp512 and tg128, both with `-r 5` and a KV cache of one type
+(`--cache-type`, given to both as -ctk and -ctv: f16, llama-bench's default, unless f32 is asked for), and again
+after `--depth` tokens in the cache (0: not). `--models` adds GGUF files benched as they are (a real model in its own
 quantization, such as Gemma 3 270M's Q4_K_M): its rows name the file, type "as shipped". One markdown table goes
 to stdout: shape, type, test, minfer, llama.cpp, ratio.
 tools/bench-vs-llamacpp.sh builds llama.cpp from the llama-cpp-python sdist and runs this.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from quant_presets import llama_rates, minfer_rates, quantize, ratio
 
+from minfer.models.llama import KV_CACHE_TYPES
 from minfer.testing.synthetic import PRESETS, write_synthetic_model
 
 
@@ -31,6 +33,7 @@ def main() -> int:
     parser.add_argument("--types", default="Q4_0,Q8_0,Q4_K_M,F16")
     parser.add_argument("--models", default="", help="GGUF files benched as they are, after the shapes")
     parser.add_argument("--depth", type=int, default=2048, help="tokens in the cache for the second pass (0: none)")
+    parser.add_argument("--cache-type", choices=KV_CACHE_TYPES, default="f16", help="the KV cache type of both tools")
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/minfer-vs-llamacpp"))
     args = parser.parse_args()
@@ -64,9 +67,10 @@ def main() -> int:
 
 def print_rows(shape: str, weight_type: str, path: Path, passes: list, args: argparse.Namespace) -> None:
     """The table's rows of one file: each pass's tests, minfer's rate against llama-bench's."""
+    cache = ("-ctk", args.cache_type, "-ctv", args.cache_type)
     for flags in passes:
-        ours = minfer_rates(path, args.backend, *flags)
-        theirs = llama_rates(args.llama_bin / "llama-bench", path, *flags[:2])
+        ours = minfer_rates(path, args.backend, *flags, *cache)
+        theirs = llama_rates(args.llama_bin / "llama-bench", path, *flags[:2], *cache)
         for test, rate in ours.items():
             other = theirs.get(test, 0)
             rates = f"{rate:.0f} | {other:.0f} | {ratio(rate, other)}"

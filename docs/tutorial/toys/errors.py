@@ -85,7 +85,10 @@ def latched_error(stream: mk.Stream) -> bool:
     k, v = mk.upload(np.ones((1, 32), np.float32), h), mk.upload(np.ones((1, 32), np.float32), h)
     k_cache, v_cache = mk.DeviceBuffer(4 * 32 * 4), mk.DeviceBuffer(4 * 32 * 4)
     outside = mk.upload(np.array([9], np.int32), h)  # positions are device data: only the kernel sees 9
-    launched = attempt(lambda: kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, h))
+    f32 = mk.GGMLType.F32  # the caches' type
+    launched = attempt(
+        lambda: kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, f32, h)
+    )
     ok = report("the launch", launched, None)
     ok &= report("sync() (the drain point)", attempt(lambda: mk.sync(h)), expect_latched=True)
     ok &= report("the next launch (innocent)", attempt(lambda: kernels.silu_f32(k.ptr, 32, h)), expect_latched=True)

@@ -25,6 +25,7 @@ from minfer_kernels import kernels
 
 HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 896, 4864, 151936, 14, 2, 64
 REPEATS = 200
+F32_CACHE = mk.GGMLType.F32  # the KV caches' type: float32
 
 
 def time_per_launch_us(launch: Callable[[], None], stream: mk.Stream) -> float:
@@ -102,7 +103,7 @@ def prefill_cases(
                 4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
                 lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens, c=n_ctx, s=space, b=nbytes: (
                     kernels.attention_prefill_f32(
-                        q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, c, c, HEAD_DIM**-0.5, 0, s, b, h
+                        q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, c, c, HEAD_DIM**-0.5, 0, s, b, F32_CACHE, h
                     )
                 ),
             )
@@ -146,7 +147,7 @@ class DecodeBuffers:
                 w, t, w + row * q_dim, t, w + row * (q_dim + kv_dim), t, self.x.ptr, self.norm.ptr, 1e-6,
                 None, None, None, self.q.ptr, self.caches.ptr, self.caches.ptr + 4 * self.n_ctx * kv_dim,
                 self.positions.ptr, d, self.heads, self.kv_heads, self.head_dim, self.head_dim, self.inv_freq.ptr,
-                1.0, kernels.ROPE_NEOX, self.n_ctx, h,
+                1.0, kernels.ROPE_NEOX, self.n_ctx, F32_CACHE, h,
             )  # fmt: skip
 
         def attn_output(w: int) -> None:
@@ -286,7 +287,7 @@ def main() -> None:
         biases = (floats(HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM))
         outputs = (*biases, floats(HEADS * HEAD_DIM), k_cache, v_cache, positions.ptr)  # biases, q, caches, ...
         heads = (HIDDEN, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, 4096)
-        qkv_args = (*weights, x, norm, 1e-6, *outputs, *heads, h)
+        qkv_args = (*weights, x, norm, 1e-6, *outputs, *heads, F32_CACHE, h)
         cases.append(
             (
                 f"gemv_qkv_rope_store {ggml_type.name} {HIDDEN}->{qkv_rows}",
@@ -324,7 +325,7 @@ def main() -> None:
                 8 * kv_len * kv_dim,
                 lambda: kernels.attention_decode_f32(
                     q, k_cache, v_cache, attn_out, length.ptr, workspace.ptr,
-                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM, h,
+                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM, F32_CACHE, h,
                 ),
             )
         )  # fmt: skip

@@ -346,16 +346,19 @@ void bind_kernels(nb::module_& k) {
                     "One token: q = Wq h + bq, k = Wk h + bk, v = Wv h + bv (each weight its own GGML type; a bias "
                     "None: none); RoPE (inv_freq, mscale and mode as rope_f32; n_rot 0: none, inv_freq may then be "
                     "None) on the q and k heads at positions[0]; q to `q`, k and v to row positions[0] of the caches "
-                    "([n_ctx][n_kv_heads*head_dim]); a position outside 0..n_ctx-1 traps. h = x or RMSNorm(x) * norm_weight (norm_weight None: none).",
+                    "([n_ctx][n_kv_heads*head_dim] of cache_type, a GGML type id: 0 F32, 1 F16, rounded to nearest "
+                    "even); a position outside 0..n_ctx-1 traps. h = x or RMSNorm(x) * norm_weight (norm_weight "
+                    "None: none).",
                     "wq"_a, "q_type"_a, "wk"_a, "k_type"_a, "wv"_a, "v_type"_a, "x"_a, "norm_weight"_a, "eps"_a,
                     "bq"_a, "bk"_a, "bv"_a, "q"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "in_features"_a,
                     "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a,
-                    "n_ctx"_a, "stream"_a);
+                    "n_ctx"_a, "cache_type"_a, "stream"_a);
     MINFER_LAUNCHER(k, "kv_store_f32", launch_kv_store_f32,
-                    "k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t] (rows of kv_dim floats); "
-                    "positions: device int32 [n_tokens]; a position outside 0..n_ctx-1 traps.",
+                    "k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t] (float32 rows of kv_dim values, "
+                    "stored in cache_type: 0 F32, or 1 F16 rounded to nearest even); positions: device int32 "
+                    "[n_tokens]; a position outside 0..n_ctx-1 traps.",
                     "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "positions"_a, "n_tokens"_a, "kv_dim"_a, "n_ctx"_a,
-                    "stream"_a);
+                    "cache_type"_a, "stream"_a);
     MINFER_LAUNCHER(k, "attention_decode_f32", launch_attention_decode_f32,
                     "One query token over cache rows 0..kv_len-1 (the last `window` of them; 0: all), kv_len read "
                     "from a device int32, scores scale * q.k: q/out [n_heads*head_dim], caches "
@@ -363,18 +366,20 @@ void bind_kernels(nb::module_& k) {
                     "(attention_decode_workspace_bytes). q_norm and k_norm (head_dim weights each; both or None): "
                     "q and cache row kv_len-1 are raw, each of their heads is first RMS-normed (head_eps) and "
                     "rotated as rope_f32 rotates at position kv_len-1 (n_rot, inv_freq, mscale, mode), that row "
-                    "in place.",
+                    "in place. The caches hold cache_type (0 F32, 1 F16), widened to float32 as read.",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "kv_len"_a, "workspace"_a, "n_heads"_a,
                     "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "scale"_a, "window"_a, "n_splits"_a, "q_norm"_a,
-                    "k_norm"_a, "head_eps"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a, "stream"_a);
+                    "k_norm"_a, "head_eps"_a, "n_rot"_a, "inv_freq"_a, "mscale"_a, "mode"_a, "cache_type"_a,
+                    "stream"_a);
     MINFER_LAUNCHER(k, "attention_prefill_f32", launch_attention_prefill_f32,
                     "Causal attention: query t (q/out [n_tokens][n_heads*head_dim]) over cache rows "
                     "0..positions[t] (the last `window` of them; 0: all), scores scale * q.k; positions: device "
                     "int32 [n_tokens]; max_rows (1..n_ctx) bounds the rows a query sees and sets the slices of the "
-                    "cache rows; `workspace`: attention_prefill_workspace_bytes(...) bytes (None when that is 0).",
+                    "cache rows; `workspace`: attention_prefill_workspace_bytes(...) bytes (None when that is 0). "
+                    "The caches hold cache_type (0 F32, 1 F16), widened to float32 as read.",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
                     "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "max_rows"_a, "scale"_a, "window"_a, "workspace"_a,
-                    "workspace_bytes"_a, "stream"_a);
+                    "workspace_bytes"_a, "cache_type"_a, "stream"_a);
     MINFER_LAUNCHER(k, "argmax_f32", launch_argmax_f32,
                     "out[r] = argmax x[r] over [rows][n] (int32, lowest on ties; -1 if x[r] has NaN/Inf); `workspace`: "
                     "argmax_workspace_bytes(rows, n) zeroed bytes (a new DeviceBuffer), left zeroed.",

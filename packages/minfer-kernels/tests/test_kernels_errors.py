@@ -20,6 +20,7 @@ pytestmark = requires_gpu
 # How CUDA names an impossible launch configuration: CUDA 13 reports a grid over its limits, or an
 # empty one, as cudaErrorInvalidValue; older runtimes as cudaErrorInvalidConfiguration.
 BAD_LAUNCH = {"cudaErrorInvalidConfiguration", "cudaErrorInvalidValue"}
+F32 = mk.GGMLType.F32  # the KV caches' type where a test does not choose one
 
 
 @pytest.mark.provokes_cuda_error
@@ -80,11 +81,34 @@ def test_refused_arguments_raise_value_error_before_any_cuda_call(stream):
     with pytest.raises(ValueError, match="mode must be"):
         kernels.rope_f32(p, p, 1, 2, 64, 64, p, 1.0, 1, h)
     with pytest.raises(ValueError, match="head_dim must be a multiple of 32"):
-        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, 16, 0.125, 0, p, 0, h)
+        kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, 48, 16, 16, 0.125, 0, p, 0, F32, h)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 0.125, 0, 4, *kernels.NO_HEAD_NORM, h)
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 3, 64, 16, 0.125, 0, 4, *kernels.NO_HEAD_NORM, F32, h)
     with pytest.raises(ValueError, match="n_splits"):
-        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0.125, 0, 0, *kernels.NO_HEAD_NORM, h)
+        kernels.attention_decode_f32(p, p, p, p, p, p, 14, 2, 64, 16, 0.125, 0, 0, *kernels.NO_HEAD_NORM, F32, h)
+    mk.sync(h)  # nothing reached CUDA: nothing is pending
+
+
+def test_the_cache_kernels_refuse_a_cache_type_they_do_not_store(stream):
+    """cache_type is a GGML type id, 0 (F32) or 1 (F16); the four launchers that store or read a KV cache refuse
+    any other (2, Q4_0: no quantized cache) by name, their other arguments valid, before any CUDA call."""
+    buffer = mk.DeviceBuffer(1 << 16)
+    p, h, q8 = buffer.ptr, stream.handle, mk.GGMLType.Q8_0
+    refused = " refused its arguments: .*cache_type"
+    for cache_type in (2, -1):
+        with pytest.raises(ValueError, match="launch_kv_store_f32" + refused):
+            kernels.kv_store_f32(p, p, p, p, p, 1, 32, 16, cache_type, h)
+        with pytest.raises(ValueError, match="launch_gemv_qkv_rope_store" + refused):
+            heads = (2, 1, 64, 64, p, 1.0, kernels.ROPE_NEOX)  # heads, head_dim, n_rot, inv_freq, mscale, mode
+            kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, None, 1e-6, None, None, None, p, p, p, p, 32, *heads,
+                                        16, cache_type, h)  # fmt: skip
+        for head_norm in (kernels.NO_HEAD_NORM, (p, p, 1e-6, 64, p, 1.0, kernels.ROPE_NEOX)):
+            with pytest.raises(ValueError, match="launch_attention_decode_f32" + refused):
+                kernels.attention_decode_f32(p, p, p, p, p, p, 4, 2, 64, 16, 0.125, 0, 4, *head_norm, cache_type, h)
+        for head_dim in (64, 96):  # the tensor cores' head size on sm_80+ and the float32 kernel's
+            with pytest.raises(ValueError, match="launch_attention_prefill_f32" + refused):
+                kernels.attention_prefill_f32(p, p, p, p, p, 1, 2, 2, head_dim, 16, 16, 0.125, 0, p, 1 << 16,
+                                              cache_type, h)  # fmt: skip
     mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 
@@ -101,7 +125,8 @@ k = mk.upload(np.ones((1, 32), np.float32))
 v = mk.upload(np.ones((1, 32), np.float32))
 k_cache, v_cache = mk.DeviceBuffer(4 * 32 * 4), mk.DeviceBuffer(4 * 32 * 4)
 outside = mk.upload(np.array([9], np.int32))  # a cache of n_ctx = 4 rows has no row 9
-kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, h)  # enqueued: fine
+# enqueued: fine (float32 caches)
+kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, mk.GGMLType.F32, h)
 report = {}
 for what, attempt in (("sync", lambda: mk.sync(h)), ("next_launch", lambda: kernels.silu_f32(k.ptr, 32, h))):
     try:

@@ -10,7 +10,8 @@ type; with the RMSNorm prologue h itself carries ~1e-6 of relative error, so the
 epilogues are checked on their own terms: SwiGLU and GeGLU against silu(g) * u and gelu(g) * u of the float64
 products, RoPE against
 the float64 rotation (1e-5 of |a| + |b| of the pair, bias included), the KV cache rows at positions[0]
-written and every other row left bit for bit as it was.
+written and every other row left bit for bit as it was. Into f16 caches, k and v are rounded once (to nearest
+even) from the float32 values a launch into float32 caches stores: np.float16 of those, bit for bit.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kernel_testing import (
     silu,
     to_device,
 )
+from test_kernels_attention import CACHE_DTYPES, F16, F32, bits
 from test_kernels_embed_matmul import MATMUL_RTOL, case_id, weights
 
 import minfer_kernels as mk
@@ -343,7 +345,7 @@ def test_gemv_qkv_rope_store(
     kernels.gemv_qkv_rope_store(
         *weight_args, dev(x), dev(norm_weight), EPS, *bias_args, q.ptr, k_cache.ptr, v_cache.ptr,
         dev(np.array([position], np.int32)), d, n_heads, n_kv_heads, head_dim, n_rot, inv_freq_ptr, mscale, mode,
-        n_ctx, stream.handle,
+        n_ctx, F32, stream.handle,
     )  # fmt: skip
 
     products, condition = references(values, rms_norm(x, norm_weight, EPS))
@@ -371,6 +373,51 @@ def test_gemv_qkv_rope_store(
     assert np.array_equal(got_k[others], caches[0][others]) and np.array_equal(got_v[others], caches[1][others])
 
 
+# A type a group, a super-block type, and a preset's (q and k, v) mix.
+QKV_F16_TYPES = [(T.Q4_0, T.Q4_0, T.Q4_0), (T.F16, T.F16, T.F16), (T.Q4_K, T.Q4_K, T.Q6_K)]
+
+
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias", "scaled"), QKV_CASES
+)
+@pytest.mark.parametrize("types", QKV_F16_TYPES, ids=case_id)
+def test_gemv_qkv_rope_store_into_f16_caches(
+    rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled
+):
+    """The same launch into float32 caches and into f16 caches (NaN before it): q the same float32 bits, the k and
+    v rows at positions[0] np.float16 of the float32 caches' rows, bit for bit, every other row still NaN."""
+    d, n_ctx = max(width(t) for t in types), 37
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    parts = [random_weights(rng, rows, d, t, scale=0.5) for rows, t in zip((q_dim, kv_dim, kv_dim), types, strict=True)]
+    weight_args = [arg for (raw, _), t in zip(parts, types, strict=True) for arg in (dev(raw), t)]
+    bias_args = [dev(b) if bias else 0 for b in np.split(randn(rng, q_dim + 2 * kv_dim), [q_dim, q_dim + kv_dim])]
+    position = int(rng.integers(0, n_ctx))
+    inv_freq, mscale = rope_inv_freq(freq_base, n_rot, rng if scaled else None), 1.2 if scaled else 1.0
+    rotation = (n_rot, dev(inv_freq) if n_rot else None, mscale, mode)
+    inputs = (dev(randn(rng, d, scale=4.0)), dev(randn(rng, d)), EPS)  # x, the norm's weight, its eps
+    position_ptr = dev(np.array([position], np.int32))
+
+    def launch(cache_type):
+        dtype = CACHE_DTYPES[cache_type]
+        q = poisoned(q_dim, np.float32, stream)
+        k_cache, v_cache = (poisoned((n_ctx, kv_dim), dtype, stream) for _ in range(2))
+        kernels.gemv_qkv_rope_store(
+            *weight_args, *inputs, *bias_args, q.ptr, k_cache.ptr, v_cache.ptr, position_ptr, d, n_heads,
+            n_kv_heads, head_dim, *rotation, n_ctx, cache_type, stream.handle,
+        )  # fmt: skip
+        caches = [from_device(cache, (n_ctx, kv_dim), dtype, stream) for cache in (k_cache, v_cache)]
+        return from_device(q, q_dim, np.float32, stream), *caches
+
+    q32, k32, v32 = launch(F32)
+    q16, k16, v16 = launch(F16)
+    assert np.isfinite(q32).all() and np.isfinite(k32[position]).all() and np.isfinite(v32[position]).all()
+    assert np.array_equal(bits(q16), bits(q32)), "q differs with the caches' type"
+    for name, got, stored in (("k", k16, k32), ("v", v16, v32)):
+        assert np.array_equal(bits(got[position]), bits(stored[position].astype(np.float16))), f"the {name} row"
+        others = np.arange(n_ctx) != position
+        assert np.isnan(got[others]).all(), f"a {name} cache row other than positions[0] changed"
+
+
 def test_gemv_refuses_what_it_cannot_read(stream):
     buffer = mk.DeviceBuffer(1 << 16)
     p, h = buffer.ptr, stream.handle
@@ -381,11 +428,12 @@ def test_gemv_refuses_what_it_cannot_read(stream):
     with pytest.raises(ValueError, match=r"launch_gemv refused .*Q4_K"):
         kernels.gemv(p, mk.GGMLType.Q4_K, p, 0, EPS, 0, p, 896, 4, h)  # 896 is not whole super-blocks
     q8 = mk.GGMLType.Q8_0
+    tail = (1.0, 0, 8, mk.GGMLType.F32, h)  # mscale, mode, n_ctx, cache_type, stream
     with pytest.raises(ValueError, match=r"launch_gemv_qkv_rope_store refused .*n_rot"):
         heads = (2, 1, 64, 66)  # n_rot 66 > head_dim 64
-        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, p, 1.0, 0, 8, h)
+        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, p, *tail)
     with pytest.raises(ValueError, match=r"launch_gemv_qkv_rope_store refused .*inv_freq"):
         heads = (2, 1, 64, 64)  # a rotation without its table
-        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, None, 1.0, 0, 8, h)
+        kernels.gemv_qkv_rope_store(p, q8, p, q8, p, q8, p, 0, EPS, 0, 0, 0, p, p, p, p, 32, *heads, None, *tail)
     with pytest.raises(ValueError, match=r"launch_gemv_geglu refused .*d_ff"):
         kernels.gemv_geglu(p, p, q8, p, 0, EPS, p, 32, 0, h)

@@ -124,10 +124,10 @@ def test_a_captured_decode_step_stays_valid_as_the_sequence_grows(rng, stream):
     mk.begin_capture(h)
     kernels.rope_f32(q.ptr, position.ptr, 1, n_heads, head_dim, head_dim, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, h)
     kernels.rope_f32(k.ptr, position.ptr, 1, n_kv_heads, head_dim, head_dim, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, h)
-    kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, position.ptr, 1, kv_dim, n_ctx, h)
+    kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, position.ptr, 1, kv_dim, n_ctx, mk.GGMLType.F32, h)
     kernels.attention_decode_f32(
         q.ptr, k_cache.ptr, v_cache.ptr, out.ptr, kv_len.ptr, workspace.ptr,
-        n_heads, n_kv_heads, head_dim, n_ctx, head_dim**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM, h,
+        n_heads, n_kv_heads, head_dim, n_ctx, head_dim**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM, mk.GGMLType.F32, h,
     )  # fmt: skip
     step = mk.end_capture(h)
 

@@ -1,5 +1,5 @@
-"""The KV cache's type (llama.cpp's -ctk/-ctv): f32, the default, or f16, on the CPU backend; the CUDA backend
-refuses f16 for now, before anything is created.
+"""The KV cache's type (llama.cpp's -ctk/-ctv): f32, the default, or f16, here on the CPU backend (the CUDA
+backend's f16 cache: test_cuda_backend.py).
 
 An f16 cache holds each K and V value rounded to the nearest float16 (numpy's rounding, ties to even: a relative
 error of at most 2^-11 = 4.9e-4), and attention widens the rows it reads back to float32 for its sums. So the f16
@@ -17,9 +17,9 @@ import pytest
 from test_cli import assert_one_line_error, minfer_cli
 
 import minfer
-from minfer import backends, cli
+from minfer import cli
 from minfer.backends import cpu
-from minfer.errors import BackendError, MinferError
+from minfer.errors import MinferError
 from minfer.graph.ir import Op, TensorKind
 from minfer.info import describe
 from minfer.models import build_graph
@@ -155,43 +155,7 @@ def test_info_counts_the_cache_at_its_types_bytes(tmp_path):
     for cache_type, megabytes in (("f32", 8), ("f16", 4)):
         rows = {line.split("  ")[0]: line for line in describe(str(path), cache_type=cache_type).splitlines()}
         assert rows["memory, cpu"].endswith(f"KV cache of {cache_type} at context 4096 ({megabytes} MB)")
-    assert "float32 only for now (-ctk f16 needs --backend cpu)" in rows["memory, cuda"]
-
-
-# -- the CUDA backend refuses f16 before anything exists -------------------------------------------------------
-
-
-CUDA_REFUSAL = "KV cache is float32 only for now: --cache-type-k/-ctk f16 needs --backend cpu"
-
-
-def test_cuda_refuses_an_f16_cache_before_it_is_created(monkeypatch):
-    """Asked for by name: refused on any machine, GPU or not (the cache type is checked first)."""
-
-    def no_cuda() -> None:
-        raise AssertionError("the CUDA backend's availability was looked at: the refusal came late")
-
-    monkeypatch.setattr(backends, "cuda_unavailable_reason", no_cuda)
-    with pytest.raises(BackendError) as error:
-        backends.create_backend("cuda", "f16")
-    assert str(error.value) == f"--backend cuda: the CUDA backend's {CUDA_REFUSAL}"
-
-
-def test_auto_refuses_an_f16_cache_where_it_would_pick_cuda(monkeypatch):
-    monkeypatch.setattr(backends, "cuda_unavailable_reason", lambda: None)  # "CUDA can run here"
-    with pytest.raises(BackendError) as error:
-        backends.create_backend("auto", "f16")
-    assert str(error.value) == f"--backend auto: it picks the CUDA backend here, whose {CUDA_REFUSAL}"
-
-
-def test_auto_runs_an_f16_cache_on_the_cpu_where_cuda_cannot_run(monkeypatch):
-    monkeypatch.setattr(backends, "cuda_unavailable_reason", lambda: "no CUDA device")
-    assert backends.create_backend("auto", "f16").name == "cpu"
-
-
-def test_the_cli_refuses_cuda_with_an_f16_cache_in_one_line(synthetic_model):
-    result = minfer_cli("run", synthetic_model(), "Hello", "--backend", "cuda", "-ctk", "f16")
-    assert_one_line_error(result, f"minfer: error: --backend cuda: the CUDA backend's {CUDA_REFUSAL}")
-    assert result.returncode == 1
+        assert rows["memory, cuda"].endswith(f"KV cache of {cache_type} at context 4096 ({megabytes} MB)")
 
 
 # -- the flags ---------------------------------------------------------------------------------------------------

@@ -345,7 +345,7 @@ def test_context_overflow_is_refused_up_front_with_the_numbers(tiny_model, engin
 
 def test_backend_cuda_without_a_gpu_is_refused_with_the_reason(tiny_model):
     try:
-        create_backend("cuda", "f32")
+        create_backend("cuda")
     except BackendError as exc:
         expected = str(exc)
     else:

@@ -102,6 +102,4 @@ def test_info_counts_an_f16_kv_cache_at_two_bytes_a_value(default_model_path):
     }
     cpu = rows["memory, cpu"]
     assert "632 MB: weights dequantized to float32 at load (538 MB), KV cache of f16 at context 4096 (94 MB)" in cpu
-    assert rows["memory, cuda"].endswith(
-        "the CUDA backend's KV cache is float32 only for now (-ctk f16 needs --backend cpu)"
-    )
+    assert rows["memory, cuda"].endswith("weights as stored (97 MB), KV cache of f16 at context 4096 (94 MB)")

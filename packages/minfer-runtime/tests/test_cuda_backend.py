@@ -79,12 +79,12 @@ def random_prompts(vocab: int, n_prompts: int = 5, seed: int = 0) -> list[list[i
 
 
 def compare_backends(
-    path, prompts: list[list[int]], ctx_size: int = 512, continuation: int = CONTINUATION
+    path, prompts: list[list[int]], ctx_size: int = 512, continuation: int = CONTINUATION, cache_type: str = "f32"
 ) -> tuple[list[float], list[str]]:
     """Relative logit errors at each prompt's last position, and the greedy continuations that leave the CPU's
-    for a reason other than a near-tie (minfer.testing.agreement)."""
-    cpu = minfer.load(path, backend="cpu", ctx_size=ctx_size)
-    cuda = minfer.load(path, backend="cuda", ctx_size=ctx_size)
+    for a reason other than a near-tie (minfer.testing.agreement); both backends' KV caches of `cache_type`."""
+    cpu = minfer.load(path, backend="cpu", ctx_size=ctx_size, cache_type=cache_type)
+    cuda = minfer.load(path, backend="cuda", ctx_size=ctx_size, cache_type=cache_type)
     errors, divergences = [], []
     for number, prompt in enumerate(prompts):
         reference, ours = greedy_steps(cpu, prompt, continuation), greedy_steps(cuda, prompt, continuation)
@@ -116,8 +116,21 @@ def test_cuda_matches_cpu_in_every_weight_type(weight_type, synthetic_model):
     assert not divergences, divergences
 
 
+@pytest.mark.parametrize("arch", sorted(SPECS))
+def test_cuda_matches_cpu_with_an_f16_cache(arch, synthetic_model):
+    """An f16 KV cache on both backends: the same values stored (rounded to nearest even once; the head-normed
+    families' newest k row is rounded raw, then again normed, on the GPU, once normed on the CPU: attention.cu),
+    read back widened, and summed in float32."""
+    spec = SPECS[arch]
+    prompts = random_prompts(spec.vocab_size)
+    errors, divergences = compare_backends(synthetic_model(spec, "Q8_0", 1), prompts, cache_type="f16")
+    assert max(errors) < MAX_LOGIT_ERROR, f"relative logit errors {errors}"
+    assert not divergences, divergences
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_a_prompt_after_a_long_cached_prefix_matches_cpu(arch, synthetic_model):
+def test_a_prompt_after_a_long_cached_prefix_matches_cpu(arch, cache_type, synthetic_model):
     """A 1000-token prompt runs as two graphs: 512 tokens from position 0, then 488 at depth 512, whose queries
     see 513 to 1000 rows. With ctx_size 1024 the prompt attention cuts the cache rows into up to 4 slices (one
     per 256 rows of n_ctx, the bound the binder passes) merged through the graph's workspace: heads of 64
@@ -126,7 +139,9 @@ def test_a_prompt_after_a_long_cached_prefix_matches_cpu(arch, synthetic_model):
     spec = SPECS[arch]
     rng = np.random.default_rng(1)
     prompts = [[int(t) for t in rng.integers(3, spec.vocab_size, size=1000)] for _ in range(2)]
-    errors, divergences = compare_backends(synthetic_model(spec, "Q8_0", 1), prompts, ctx_size=1024, continuation=16)
+    errors, divergences = compare_backends(
+        synthetic_model(spec, "Q8_0", 1), prompts, ctx_size=1024, continuation=16, cache_type=cache_type
+    )
     assert max(errors) < MAX_LOGIT_ERROR, f"relative logit errors {errors}"
     assert not divergences, divergences
 
@@ -302,7 +317,7 @@ def test_op_timing_of_a_decode_step_without_replay_is_its_own_table(synthetic_mo
 
 
 def test_weight_registry_reuses_same_size_and_retires_replaced_buffers():
-    backend = create_backend("cuda", "f32")
+    backend = create_backend("cuda")
     first = backend.weights.register("w", np.arange(64, dtype=np.uint8))
     again = backend.weights.register("w", np.arange(64, dtype=np.uint8)[::-1].copy())
     assert again is first
@@ -311,7 +326,7 @@ def test_weight_registry_reuses_same_size_and_retires_replaced_buffers():
 
 
 def test_out_of_memory_names_the_weight_and_bytes():
-    backend = create_backend("cuda", "f32")
+    backend = create_backend("cuda")
     huge = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.uint8), shape=(1 << 48,), strides=(0,))
     with pytest.raises(
         BackendError, match=r"cuda: out of device memory for weight 'blk\.0\.huge' \(281474976710656 bytes"
@@ -334,7 +349,7 @@ def test_a_weight_type_without_kernels_is_refused_at_load(tmp_path, monkeypatch)
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(BackendError, match=r"cuda: tensor 'w' is Q5_1; the CUDA kernels read"):
-        create_backend("cuda", "f32").load_weights(GGUFFile(path), ["w"])
+        create_backend("cuda").load_weights(GGUFFile(path), ["w"])
 
 
 def test_a_failed_precondition_names_the_node_before_any_launch(synthetic_model):
@@ -349,7 +364,7 @@ def test_inplace_input_with_other_readers_is_staged_on_the_device():
         "table": rng.standard_normal((vocab, d)).astype(np.float32),
         "bias": rng.standard_normal(d).astype(np.float32),
     }
-    backend = create_backend("cuda", "f32")
+    backend = create_backend("cuda")
     for name, values in weights.items():
         backend.weights.register(name, values)
         backend.weight_types[name] = GGMLQuantizationType.F32

@@ -164,3 +164,41 @@ def test_a_graph_with_decode_attention_and_split_partials_is_refused():
     attention = next(node for node in prompt.nodes if node.op is Op.ATTENTION)
     with pytest.raises(BackendError, match=rf"cuda: {attention.name}: .*decode attention"):
         graph_workspace_bytes([*decode.nodes, attention], 132, every_weight(mk.GGMLType.Q8_0))
+
+
+@pytest.mark.parametrize(("cache_type", "ggml_type"), [("f32", mk.GGMLType.F32), ("f16", mk.GGMLType.F16)])
+@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen3-0.6b", "gemma3-270m"])
+def test_every_cache_launch_passes_the_graphs_cache_type(preset, cache_type, ggml_type):
+    """The store, the q|k|v product that stores k and v, and attention read the cache's type from the graph's
+    cache tensors (models/llama.py: KV_CACHE_TYPES), in a prompt's graph and a step's."""
+    config = scaled(preset, n_layers=2).config()
+    cache_kernels = set()
+    for n_tokens in (1, 7):
+        graph = fuse(build_graph(config, n_tokens, 128, cache_type), lambda name: int(mk.GGMLType.Q8_0))
+        for node in graph.nodes:
+            for launch in BINDERS[node.op](FakeBinding(), node):
+                if "k_cache" in launch.args:
+                    cache_kernels.add(launch.kernel.__name__)
+                    assert launch.args["cache_type"] == int(ggml_type), f"{node.name}: {launch.kernel.__name__}"
+    assert {"attention_decode_f32", "attention_prefill_f32", "kv_store_f32"} <= cache_kernels
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "op", "spliced", "dtype", "refusal"),
+    [
+        (1, Op.ATTENTION, "inputs", "bfloat16",
+         r"KV cache cache_k\.0 is bfloat16: the kernels store float32 or float16"),
+        (7, Op.KV_STORE, "writes", "float16", r"KV caches cache_k\.0 \(float32\) and cache_v\.0 \(float16\) differ"),
+    ],
+    ids=["k of another dtype", "k and v of two dtypes"],
+)  # fmt: skip
+def test_caches_the_kernels_cannot_take_are_refused_naming_them(n_tokens, op, spliced, dtype, refusal):
+    """A KV cache the graph would never declare, spliced into a node: the binder refuses it by name."""
+    config = scaled("qwen2.5-0.5b", n_layers=1).config()
+    graph = fuse(build_graph(config, n_tokens, 128), lambda name: int(mk.GGMLType.Q8_0))
+    node = next(n for n in graph.nodes if n.op is op)
+    tensors = getattr(node, spliced)  # attention's inputs: q, cache_k, ...; the store's writes: cache_k, cache_v
+    cache = tensors[1]
+    tensors[1] = Tensor(cache.name, cache.shape, dtype, cache.kind)
+    with pytest.raises(BackendError, match=rf"cuda: {node.name}: {refusal}"):
+        BINDERS[node.op](FakeBinding(), node)

@@ -1,6 +1,6 @@
 // Attention over the KV cache, and the store that fills the cache.
 //
-// Layouts (float32, contiguous):
+// Layouts (contiguous; q and out float32, the caches float32 or f16: kv_cache.cuh):
 //     q, out             [n_tokens][n_heads * head_dim]     (q after RoPE; decode may norm and rotate it itself)
 //     k_cache, v_cache   [n_ctx][n_kv_heads * head_dim]     one pair per layer, alive for the whole session
 // Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention). The query at
@@ -33,6 +33,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "launchers.h"
 #include "mma.cuh"
 #include "rope.cuh"
@@ -73,9 +74,11 @@ constexpr int MIN_SPLIT_ROWS = 256;
 constexpr int MAX_PREFILL_SPLITS = 16;
 constexpr float LOG2_E = 1.4426950408889634f;
 
-// K and V rows are written at their positions; rows other tokens wrote earlier stay as they are.
-__global__ void kv_store_f32(const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ k_cache,
-                             float* __restrict__ v_cache, const int* __restrict__ positions, int kv_dim, int n_ctx) {
+// K and V rows are written at their positions, in the cache's type T (kv_cache.cuh); rows other tokens wrote earlier
+// stay as they are.
+template <typename T>
+__global__ void kv_store_f32(const float* __restrict__ k, const float* __restrict__ v, T* __restrict__ k_cache,
+                             T* __restrict__ v_cache, const int* __restrict__ positions, int kv_dim, int n_ctx) {
     const int token = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= kv_dim) return;
@@ -83,8 +86,8 @@ __global__ void kv_store_f32(const float* __restrict__ k, const float* __restric
     if (position < 0 || position >= n_ctx) __trap();
     const std::size_t from = std::size_t(token) * kv_dim + i;
     const std::size_t to = std::size_t(position) * kv_dim + i;
-    k_cache[to] = k[from];
-    v_cache[to] = v[from];
+    store_cache(k_cache + to, k[from]);
+    store_cache(v_cache + to, v[from]);
 }
 
 __device__ __forceinline__ float warp_max(float value) {
@@ -177,9 +180,13 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
 // The other blocks need no barrier there: q_scaled is read only after the first tile's barrier, and their warps
 // with no q head issue their first tile's loads meanwhile. Without HEAD_NORM none of this is compiled: the
 // instantiations the other families run are unchanged.
-template <int HEAD_DIM, bool HEAD_NORM>
+// In an f16 cache (T = __half) the raw row was rounded as the projection stored it and the normed one is rounded
+// again here: two roundings where the CPU backend, which norms before it stores, has one (a raw value past
+// 65504 would also become infinite before its norm: session 35's branch wrote raw k to a float32 row beside q
+// instead, and stored the normed row once; docs/PERFORMANCE.md).
+template <int HEAD_DIM, bool HEAD_NORM, typename T>
 __global__ void __launch_bounds__(DECODE_THREADS)
-    attention_decode(const float* __restrict__ q, float* __restrict__ k_cache, const float* __restrict__ v_cache,
+    attention_decode(const float* __restrict__ q, T* __restrict__ k_cache, const T* __restrict__ v_cache,
                      float* __restrict__ out, const int* __restrict__ kv_len_ptr, int* __restrict__ counters,
                      float4* __restrict__ partial_acc, float2* __restrict__ partial_stats, int group_size, int kv_dim,
                      int n_ctx, float score_scale, int window, DecodeHeadNorm head_norm) {
@@ -205,13 +212,15 @@ __global__ void __launch_bounds__(DECODE_THREADS)
     if (split >= n_active) return;  // a short cache leaves most splits empty
     const int first = visible_from + split * rows_per_split;
     const int end = min(kv_len, first + rows_per_split);
-    float* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
-    const float* v_head = v_cache + std::size_t(kv_head) * HEAD_DIM;
+    T* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
+    const T* v_head = v_cache + std::size_t(kv_head) * HEAD_DIM;
 
-    // The cache rows before the newest do not depend on the previous kernel: fetch them into L2 meanwhile.
-    constexpr int lines_per_row = HEAD_DIM * int(sizeof(float)) / 128;
+    // The cache rows before the newest do not depend on the previous kernel: fetch them into L2 meanwhile (a
+    // row's 128-byte lines; head 32's f16 row is half of one).
+    constexpr int lines_per_row = ceil_div(HEAD_DIM * int(sizeof(T)), 128);
+    constexpr int values_per_line = 128 / int(sizeof(T));
     for (int i = threadIdx.x; i < (end - first) * lines_per_row; i += DECODE_THREADS) {
-        const std::size_t at = std::size_t(first + i / lines_per_row) * kv_dim + (i % lines_per_row) * 32;
+        const std::size_t at = std::size_t(first + i / lines_per_row) * kv_dim + (i % lines_per_row) * values_per_line;
         prefetch_l2(k_head + at);
         prefetch_l2(v_head + at);
     }
@@ -251,7 +260,7 @@ __global__ void __launch_bounds__(DECODE_THREADS)
         // place, at once. The row's warp norms it before its own q heads: the row gates the tiles' loads.
         const DecodeHeadNormTable<HEAD_DIM>& table = decode_head_norm_table<HEAD_DIM>();
         if (norms_k && warp == DECODE_WARPS - 1) {
-            float* newest = k_head + std::size_t(kv_len - 1) * kv_dim;
+            T* newest = k_head + std::size_t(kv_len - 1) * kv_dim;
             head_norm_rope<HEAD_DIM>(newest, newest, table.k_weight, table.angle, head_norm.eps, head_norm.n_rot,
                                      head_norm.mode, 1.0f);
         }
@@ -276,15 +285,16 @@ __global__ void __launch_bounds__(DECODE_THREADS)
 #pragma unroll
         for (int step = 0; step < Tile::STEPS; ++step) {
             const int row = min(tile + step * DECODE_ROWS_PER_STEP + step_row, end - 1);
-            const float4* k_row = reinterpret_cast<const float4*>(k_head + std::size_t(row) * kv_dim);
+            const T* k_row = k_head + std::size_t(row) * kv_dim;
 #pragma unroll
-            for (int c = 0; c < Tile::LANE_CHUNKS; ++c) k[step][c] = k_row[c * DECODE_LANES_PER_ROW + slice];
+            for (int c = 0; c < Tile::LANE_CHUNKS; ++c)
+                k[step][c] = load_cache_quad(k_row, c * DECODE_LANES_PER_ROW + slice);
         }
         float4 v[Tile::V_ROWS];
 #pragma unroll
         for (int i = 0; i < Tile::V_ROWS; ++i) {
             const int row = min(tile + v_group + i * Tile::ROW_GROUPS, end - 1);
-            v[i] = reinterpret_cast<const float4*>(v_head + std::size_t(row) * kv_dim)[v_chunk];
+            v[i] = load_cache_quad(v_head + std::size_t(row) * kv_dim, v_chunk);
         }
         if (!HEAD_NORM && tile == first) {  // HEAD_NORM staged q before the loop
             const float4* q_group = reinterpret_cast<const float4*>(q) + std::size_t(first_head) * ROW_CHUNKS;
@@ -487,10 +497,10 @@ __global__ void __launch_bounds__(DECODE_THREADS)
 // A query at position p sees rows 0 .. p; a block reads rows up to the largest position among its queries,
 // and the rows past a query's own position get the score -inf (weight 0). The block's row loop and the
 // chunk loop are the same for every thread, so the shuffles always find their whole warp.
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename T>
 __global__ void __launch_bounds__(PREFILL_THREADS)
-    attention_prefill_tiled(const float* __restrict__ q, const float* __restrict__ k_cache,
-                            const float* __restrict__ v_cache, float* __restrict__ out,
+    attention_prefill_tiled(const float* __restrict__ q, const T* __restrict__ k_cache,
+                            const T* __restrict__ v_cache, float* __restrict__ out,
                             const int* __restrict__ positions, int n_tokens, int n_heads, int group_size, int kv_dim,
                             int n_ctx, float score_scale, int window) {
     constexpr int CHUNKS_PER_LANE = HEAD_DIM / (4 * PREFILL_LANES_PER_QUERY);  // float4 chunks each lane holds
@@ -547,10 +557,8 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
             const int row = i / ROW_CHUNKS;
             const std::size_t from = (first_row + row) * std::size_t(kv_dim) + kv_offset;
             const bool inside = row < tile_rows;  // rows past the block's last visible row are zeros, not read
-            k_tile[i] = inside ? reinterpret_cast<const float4*>(k_cache + from)[i % ROW_CHUNKS]
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v_tile[i] = inside ? reinterpret_cast<const float4*>(v_cache + from)[i % ROW_CHUNKS]
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            k_tile[i] = inside ? load_cache_quad(k_cache + from, i % ROW_CHUNKS) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v_tile[i] = inside ? load_cache_quad(v_cache + from, i % ROW_CHUNKS) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         __syncthreads();
 
@@ -611,8 +619,8 @@ __global__ void __launch_bounds__(PREFILL_THREADS)
             make_float4(acc[c].x * inverse, acc[c].y * inverse, acc[c].z * inverse, acc[c].w * inverse);
 }
 
-template <int HEAD_DIM>
-cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_cache, float* out,
+template <int HEAD_DIM, typename T>
+cudaError_t launch_prefill(const float* q, const T* k_cache, const T* v_cache, float* out,
                            const int* positions, int n_tokens, int n_heads, int n_kv_heads, int n_ctx, float scale,
                            int window, cudaStream_t stream) {
     const float score_scale = LOG2_E * scale;  // scores in log2 units: exp2f weights
@@ -620,7 +628,7 @@ cudaError_t launch_prefill(const float* q, const float* k_cache, const float* v_
     // last tile first. Consecutive blocks are the heads of one query tile: the heads sharing a KV head read
     // the same K/V rows at about the same time, from L2.
     const dim3 grid(n_heads, ceil_div(n_tokens, PREFILL_QUERIES));
-    attention_prefill_tiled<HEAD_DIM><<<grid, PREFILL_THREADS, 0, stream>>>(
+    attention_prefill_tiled<HEAD_DIM, T><<<grid, PREFILL_THREADS, 0, stream>>>(
         q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_heads / n_kv_heads, n_kv_heads * HEAD_DIM, n_ctx,
         score_scale, window);
     return cudaGetLastError();
@@ -667,16 +675,16 @@ struct PrefillLoads {
 // consecutive 16 bytes of a row (coalesced) and store consecutive 8 bytes of f16, and a thread's float4 are
 // PASS_ROWS rows apart in one column. Rows from `end` on are zeros, not read. `head` points at the KV head's
 // first value of cache row 0.
-template <int HEAD_DIM>
-__device__ __forceinline__ void load_prefill_tile(PrefillLoads<HEAD_DIM>& loads, const float* head, int first_row,
+template <int HEAD_DIM, typename T>
+__device__ __forceinline__ void load_prefill_tile(PrefillLoads<HEAD_DIM>& loads, const T* head, int first_row,
                                                   int end, int kv_dim) {
     using Tile = PrefillTile<HEAD_DIM>;
     const int row = first_row + threadIdx.x / Tile::ROW_VECTORS;
-    const float* from = head + std::size_t(row) * kv_dim + 4 * (threadIdx.x % Tile::ROW_VECTORS);
+    const T* from = head + std::size_t(row) * kv_dim + 4 * (threadIdx.x % Tile::ROW_VECTORS);
     const std::size_t pass = std::size_t(Tile::PASS_ROWS) * kv_dim;
 #pragma unroll
     for (int n = 0; n < Tile::LOAD_VECTORS; ++n)
-        loads.vectors[n] = row + n * Tile::PASS_ROWS < end ? *reinterpret_cast<const float4*>(from + n * pass)
+        loads.vectors[n] = row + n * Tile::PASS_ROWS < end ? load_cache_quad(from + n * pass, 0)
                                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
@@ -695,8 +703,8 @@ __device__ __forceinline__ void store_prefill_tile(const PrefillLoads<HEAD_DIM>&
 
 // Prefill on the tensor cores, in FlashAttention-2's schedule: a block takes 64 consecutive queries of one
 // head, 16 per warp, and walks the cache rows they see in tiles (PrefillTile: 64 rows of head size 64, 32 of
-// 128). The block converts a tile's K and V rows from float32 to f16 into shared memory; then each warp, on
-// its own,
+// 128). The block converts a tile's K and V rows to f16 into shared memory (a float32 cache's rounded, an f16
+// one's as they are); then each warp, on its own,
 //   1. computes its 16 x ROWS scores S = Q K^T with mma.m16n8k16: Q (16 x head_dim, multiplied by
 //      scale * log2(e) and rounded to f16 once) is the A operand, held in registers for the whole walk; K's
 //      rows are B's columns (as W's rows are in gemm.cu's x W^T), read with ldmatrix;
@@ -739,10 +747,10 @@ __device__ __forceinline__ void store_prefill_tile(const PrefillLoads<HEAD_DIM>&
 // tile's loads overlap staging q. A warp skips the products of a tile none of its queries sees (one before all
 // their windows, or a last one past all their positions), but loads and stores its share of every tile: the
 // barriers are the block's.
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename T>
 __global__ void __launch_bounds__(MMA_PREFILL_THREADS, PrefillTile<HEAD_DIM>::MIN_BLOCKS_PER_SM)
-    attention_prefill_tensor_cores(const float* __restrict__ q, const float* __restrict__ k_cache,
-                                   const float* __restrict__ v_cache, float* __restrict__ out,
+    attention_prefill_tensor_cores(const float* __restrict__ q, const T* __restrict__ k_cache,
+                                   const T* __restrict__ v_cache, float* __restrict__ out,
                                    float* __restrict__ partial_acc, float2* __restrict__ partial_stats,
                                    const int* __restrict__ positions, int n_tokens, int n_heads, int group_size,
                                    int kv_dim, int n_ctx, float score_scale, int window) {
@@ -819,8 +827,8 @@ __global__ void __launch_bounds__(MMA_PREFILL_THREADS, PrefillTile<HEAD_DIM>::MI
 
     // The first tile's loads are in flight while q is staged.
     const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
-    const float* k_head = k_cache + kv_offset;
-    const float* v_head = v_cache + kv_offset;
+    const T* k_head = k_cache + kv_offset;
+    const T* v_head = v_cache + kv_offset;
     PrefillLoads<HEAD_DIM> next_k, next_v;
     load_prefill_tile(next_k, k_head, start, end, kv_dim);
     load_prefill_tile(next_v, v_head, start, end, kv_dim);
@@ -1003,8 +1011,8 @@ __global__ void attention_prefill_merge(const float4* __restrict__ partial_acc,
     out[i] = make_float4(sum.x * inverse, sum.y * inverse, sum.z * inverse, sum.w * inverse);
 }
 
-template <int HEAD_DIM>
-cudaError_t launch_prefill_tensor_cores(const float* q, const float* k_cache, const float* v_cache, float* out,
+template <int HEAD_DIM, typename T>
+cudaError_t launch_prefill_tensor_cores(const float* q, const T* k_cache, const T* v_cache, float* out,
                                         const int* positions, float* workspace, int n_tokens, int n_heads,
                                         int n_kv_heads, int n_ctx, float scale, int window, int n_splits,
                                         cudaStream_t stream) {
@@ -1017,7 +1025,7 @@ cudaError_t launch_prefill_tensor_cores(const float* q, const float* k_cache, co
     // 65535), run last tile first; grid.z: the slices of the cache rows (prefill_splits). Consecutive blocks
     // are the heads of one query tile, as in launch_prefill.
     const dim3 grid(n_heads, ceil_div(n_tokens, MMA_PREFILL_QUERIES), n_splits);
-    attention_prefill_tensor_cores<HEAD_DIM><<<grid, MMA_PREFILL_THREADS, 0, stream>>>(
+    attention_prefill_tensor_cores<HEAD_DIM, T><<<grid, MMA_PREFILL_THREADS, 0, stream>>>(
         q, k_cache, v_cache, out, partial_acc, partial_stats, positions, n_tokens, n_heads, n_heads / n_kv_heads,
         n_kv_heads * HEAD_DIM, n_ctx, score_scale, window);
     if (n_splits == 1) return cudaGetLastError();
@@ -1057,18 +1065,18 @@ long long prefill_workspace_bytes(int n_tokens, int n_heads, int head_dim, int n
 }
 
 // The decode kernel of a head size (one each, so a tile's loads per thread are compile-time counts), with or
-// without the head norm.
-template <bool HEAD_NORM>
-decltype(&attention_decode<32, HEAD_NORM>) decode_kernel(int head_dim) {
+// without the head norm, over a cache of T.
+template <bool HEAD_NORM, typename T>
+decltype(&attention_decode<32, HEAD_NORM, T>) decode_kernel(int head_dim) {
     switch (head_dim) {
-        case 32: return attention_decode<32, HEAD_NORM>;
-        case 64: return attention_decode<64, HEAD_NORM>;
-        case 96: return attention_decode<96, HEAD_NORM>;
-        case 128: return attention_decode<128, HEAD_NORM>;
-        case 160: return attention_decode<160, HEAD_NORM>;
-        case 192: return attention_decode<192, HEAD_NORM>;
-        case 224: return attention_decode<224, HEAD_NORM>;
-        default: return attention_decode<256, HEAD_NORM>;
+        case 32: return attention_decode<32, HEAD_NORM, T>;
+        case 64: return attention_decode<64, HEAD_NORM, T>;
+        case 96: return attention_decode<96, HEAD_NORM, T>;
+        case 128: return attention_decode<128, HEAD_NORM, T>;
+        case 160: return attention_decode<160, HEAD_NORM, T>;
+        case 192: return attention_decode<192, HEAD_NORM, T>;
+        case 224: return attention_decode<224, HEAD_NORM, T>;
+        default: return attention_decode<256, HEAD_NORM, T>;
     }
 }
 
@@ -1088,26 +1096,30 @@ cudaError_t check_attention(int n_heads, int n_kv_heads, int head_dim, float sca
 
 using namespace minfer;
 
-extern "C" cudaError_t launch_kv_store_f32(const float* k, const float* v, float* k_cache, float* v_cache,
-                                           const int* positions, int n_tokens, int kv_dim, int n_ctx,
+extern "C" cudaError_t launch_kv_store_f32(const float* k, const float* v, void* k_cache, void* v_cache,
+                                           const int* positions, int n_tokens, int kv_dim, int n_ctx, int cache_type,
                                            cudaStream_t stream) {
-    // grid.x: ceil(kv_dim / 256) blocks over a row's values, one thread per value (it copies the K and
-    // the V value); grid.y: the token, so n_tokens <= 65535.
-    const dim3 grid(ceil_div(kv_dim, STORE_THREADS), n_tokens);
-    kv_store_f32<<<grid, STORE_THREADS, 0, stream>>>(k, v, k_cache, v_cache, positions, kv_dim, n_ctx);
-    return cudaGetLastError();
+    return with_cache_type(cache_type, [&](auto element) {
+        using T = decltype(element);
+        // grid.x: ceil(kv_dim / 256) blocks over a row's values, one thread per value (it stores the K and
+        // the V value); grid.y: the token, so n_tokens <= 65535.
+        const dim3 grid(ceil_div(kv_dim, STORE_THREADS), n_tokens);
+        kv_store_f32<T><<<grid, STORE_THREADS, 0, stream>>>(k, v, static_cast<T*>(k_cache), static_cast<T*>(v_cache),
+                                                            positions, kv_dim, n_ctx);
+        return cudaGetLastError();
+    });
 }
 
 extern "C" std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_splits) {
     return decode_counter_bytes(n_heads) + std::size_t(n_heads) * n_splits * (head_dim + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t launch_attention_decode_f32(const float* q, float* k_cache, const float* v_cache, float* out,
+extern "C" cudaError_t launch_attention_decode_f32(const float* q, void* k_cache, const void* v_cache, float* out,
                                                    const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
                                                    int head_dim, int n_ctx, float scale, int window, int n_splits,
                                                    const float* q_norm, const float* k_norm, float head_eps,
                                                    int n_rot, const double* inv_freq, float mscale, int mode,
-                                                   cudaStream_t stream) {
+                                                   int cache_type, cudaStream_t stream) {
     if (const cudaError_t refused = check_attention(n_heads, n_kv_heads, head_dim, scale, window);
         refused != cudaSuccess)
         return refused;
@@ -1115,7 +1127,7 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, float* k_cach
     if (n_heads / n_kv_heads > DECODE_MAX_GROUP) return minfer_refuse("n_heads / n_kv_heads must be at most 16");
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16) ||
         !is_aligned(workspace, 16))
-        return minfer_refuse("q, k_cache, v_cache, out and workspace must be 16-byte aligned (float4 loads)");
+        return minfer_refuse("q, k_cache, v_cache, out and workspace must be 16-byte aligned (vector loads)");
     if ((q_norm == nullptr) != (k_norm == nullptr)) return minfer_refuse("q_norm and k_norm go together: both or neither");
     const bool head_norm = q_norm != nullptr;
     if (head_norm) {
@@ -1134,11 +1146,14 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, float* k_cach
     // split's rows among them (see DecodeTile), and with the head norms a warp a q head of the group.
     const dim3 grid(n_splits, n_kv_heads);
     const int kv_dim = n_kv_heads * head_dim;
-    const auto kernel = head_norm ? decode_kernel<true>(head_dim) : decode_kernel<false>(head_dim);
     const DecodeHeadNorm norms{q_norm, k_norm, head_eps, n_rot, inv_freq, mscale, mode};
-    return launch_overlapped(kernel, grid, dim3(DECODE_THREADS), 0, stream, q, k_cache, v_cache, out, kv_len,
-                             counters, partial_acc, partial_stats, n_heads / n_kv_heads, kv_dim, n_ctx, score_scale,
-                             window, norms);
+    return with_cache_type(cache_type, [&](auto element) {
+        using T = decltype(element);
+        const auto kernel = head_norm ? decode_kernel<true, T>(head_dim) : decode_kernel<false, T>(head_dim);
+        return launch_overlapped(kernel, grid, dim3(DECODE_THREADS), 0, stream, q, static_cast<T*>(k_cache),
+                                 static_cast<const T*>(v_cache), out, kv_len, counters, partial_acc, partial_stats,
+                                 n_heads / n_kv_heads, kv_dim, n_ctx, score_scale, window, norms);
+    });
 }
 
 extern "C" int attention_prefill_splits(int n_tokens, int n_heads, int head_dim, int max_rows, int multiprocessors) {
@@ -1151,11 +1166,11 @@ extern "C" long long attention_prefill_workspace_bytes(int n_tokens, int n_heads
                                    prefill_splits(n_tokens, n_heads, head_dim, max_rows, multiprocessors));
 }
 
-extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache,
+extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const void* k_cache, const void* v_cache,
                                                     float* out, const int* positions, int n_tokens, int n_heads,
                                                     int n_kv_heads, int head_dim, int n_ctx, int max_rows, float scale,
                                                     int window, float* workspace, long long workspace_bytes,
-                                                    cudaStream_t stream) {
+                                                    int cache_type, cudaStream_t stream) {
     if (const cudaError_t refused = check_attention(n_heads, n_kv_heads, head_dim, scale, window);
         refused != cudaSuccess)
         return refused;
@@ -1163,7 +1178,7 @@ extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float*
     if (max_rows < 1 || max_rows > n_ctx)
         return minfer_refuse("max_rows must be between 1 and n_ctx (at least the largest position + 1)");
     if (!is_aligned(q, 16) || !is_aligned(k_cache, 16) || !is_aligned(v_cache, 16) || !is_aligned(out, 16))
-        return minfer_refuse("q, k_cache, v_cache and out must be 16-byte aligned (float4 loads)");
+        return minfer_refuse("q, k_cache, v_cache and out must be 16-byte aligned (vector loads)");
     // The tensor cores on sm_80+, where mma.m16n8k16 is one instruction, for the head sizes of the models whose
     // long prompts are measured: 64 (Qwen2.5, Llama 3.2 1B, SmolLM2) and 128 (Qwen3). The float32 kernel keeps
     // the rest: at 256 (Gemma 3) a lane would hold 128 output accumulators and 64 registers of q besides the
@@ -1179,22 +1194,30 @@ extern "C" cudaError_t launch_attention_prefill_f32(const float* q, const float*
             return minfer_refuse(
                 "this launch splits the cache rows: workspace must hold attention_prefill_workspace_bytes(...) "
                 "bytes, 16-byte aligned");
-        const auto launch_tensor_cores =
-            head_dim == 64 ? launch_prefill_tensor_cores<64> : launch_prefill_tensor_cores<128>;
-        return launch_tensor_cores(q, k_cache, v_cache, out, positions, workspace, n_tokens, n_heads, n_kv_heads,
-                                   n_ctx, scale, window, n_splits, stream);
+        return with_cache_type(cache_type, [&](auto element) {
+            using T = decltype(element);
+            const auto launch_tensor_cores =
+                head_dim == 64 ? launch_prefill_tensor_cores<64, T> : launch_prefill_tensor_cores<128, T>;
+            return launch_tensor_cores(q, static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), out,
+                                       positions, workspace, n_tokens, n_heads, n_kv_heads, n_ctx, scale, window,
+                                       n_splits, stream);
+        });
     }
     // One kernel per head size, so each lane's share of a row (head_dim / 8 values) sits in registers.
-    decltype(&launch_prefill<32>) launch = nullptr;
-    switch (head_dim) {
-        case 32: launch = launch_prefill<32>; break;
-        case 64: launch = launch_prefill<64>; break;
-        case 96: launch = launch_prefill<96>; break;
-        case 128: launch = launch_prefill<128>; break;
-        case 160: launch = launch_prefill<160>; break;
-        case 192: launch = launch_prefill<192>; break;
-        case 224: launch = launch_prefill<224>; break;
-        default: launch = launch_prefill<256>; break;
-    }
-    return launch(q, k_cache, v_cache, out, positions, n_tokens, n_heads, n_kv_heads, n_ctx, scale, window, stream);
+    return with_cache_type(cache_type, [&](auto element) {
+        using T = decltype(element);
+        decltype(&launch_prefill<32, T>) launch = nullptr;
+        switch (head_dim) {
+            case 32: launch = launch_prefill<32, T>; break;
+            case 64: launch = launch_prefill<64, T>; break;
+            case 96: launch = launch_prefill<96, T>; break;
+            case 128: launch = launch_prefill<128, T>; break;
+            case 160: launch = launch_prefill<160, T>; break;
+            case 192: launch = launch_prefill<192, T>; break;
+            case 224: launch = launch_prefill<224, T>; break;
+            default: launch = launch_prefill<256, T>; break;
+        }
+        return launch(q, static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), out, positions, n_tokens,
+                      n_heads, n_kv_heads, n_ctx, scale, window, stream);
+    });
 }

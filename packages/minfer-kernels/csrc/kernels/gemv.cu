@@ -877,11 +877,11 @@ extern "C" cudaError_t launch_gemv_geglu(const void* gate, const void* up, int t
 extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type,
                                                   const void* wv, int v_type, const float* x,
                                                   const float* norm_weight, float eps, const float* bq,
-                                                  const float* bk, const float* bv, float* q, float* k_cache,
-                                                  float* v_cache, const int* positions, int in_features,
+                                                  const float* bk, const float* bv, float* q, void* k_cache,
+                                                  void* v_cache, const int* positions, int in_features,
                                                   int n_heads, int n_kv_heads, int head_dim, int n_rot,
                                                   const double* inv_freq, float mscale, int mode, int n_ctx,
-                                                  cudaStream_t stream) {
+                                                  int cache_type, cudaStream_t stream) {
     for (const auto& [weight, type] : {std::pair<const void*, int>{wq, q_type}, {wk, k_type}, {wv, v_type}})
         if (const char* reason = weight_refusal(type, weight, in_features)) return minfer_refuse(reason);
     if (const char* reason = input_refusal(x, norm_weight)) return minfer_refuse(reason);
@@ -890,6 +890,8 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
         return minfer_refuse("head_dim must be even, and n_rot even, 0 (no rotation) to head_dim");
     if (n_rot > 0 && inv_freq == nullptr) return minfer_refuse("inv_freq must be given when n_rot is not 0");
     if (n_heads <= 0 || n_kv_heads <= 0 || n_ctx <= 0) return minfer_refuse("head counts and n_ctx must be positive");
+    if (cache_type != CACHE_F32 && cache_type != CACHE_F16)
+        return minfer_refuse("cache_type must be 0 (F32) or 1 (F16), a GGML type id");
     const int q_rows = n_heads * head_dim, kv_rows = n_kv_heads * head_dim;
     GemvQkvRopeStore epilogue{};
     epilogue.q_weight = weight_part(wq, q_type, in_features, q_rows);
@@ -901,6 +903,7 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
     epilogue.q = q;
     epilogue.k_cache = k_cache;
     epilogue.v_cache = v_cache;
+    epilogue.cache_type = cache_type;
     epilogue.positions = positions;
     epilogue.n_heads = n_heads;
     epilogue.n_kv_heads = n_kv_heads;

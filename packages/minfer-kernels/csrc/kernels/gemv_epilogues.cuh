@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "rope.cuh"
 
 namespace minfer {
@@ -115,8 +116,10 @@ struct GemvQkvRopeStore {
     const float* k_bias;
     const float* v_bias;
     float* q;             // [n_heads * head_dim]
-    float* k_cache;       // [n_ctx][n_kv_heads * head_dim]
-    float* v_cache;
+    void* k_cache;        // [n_ctx][n_kv_heads * head_dim] of cache_type (kv_cache.cuh)
+    void* v_cache;
+    int cache_type;       // CACHE_F32 or CACHE_F16: one uniform branch a store, where templating every GEMV
+                          // instantiation on it would double gemv.cu's and gemv_int8.cu's q|k|v kernels
     const int* positions;  // positions[0]: where this token's k and v go
     int n_heads, n_kv_heads, head_dim, n_rot, mode, n_ctx;
     const double* inv_freq;  // [n_rot / 2] pair frequencies (rope.cuh)
@@ -179,10 +182,22 @@ struct GemvQkvRopeStore {
         const Pair rows = pair(group);
         float a = sums[0] + prepared.bias_first, b = sums[1] + prepared.bias_second;
         if (rows.rope_pair >= 0) rope_rotate(a, b, rope_angle(prepared.position, prepared.frequency, mscale));
-        const std::size_t kv_row = std::size_t(prepared.position) * n_kv_heads * head_dim;
-        float* target = rows.part == 0 ? q : (rows.part == 1 ? k_cache + kv_row : v_cache + kv_row);
-        target[rows.first_row] = a;
-        target[rows.second_row] = b;
+        if (rows.part == 0) {
+            q[rows.first_row] = a;
+            q[rows.second_row] = b;
+            return;
+        }
+        const std::size_t kv_at = std::size_t(prepared.position) * n_kv_heads * head_dim;
+        void* cache = rows.part == 1 ? k_cache : v_cache;
+        if (cache_type == CACHE_F16) {
+            __half* row = static_cast<__half*>(cache) + kv_at;
+            store_cache(row + rows.first_row, a);
+            store_cache(row + rows.second_row, b);
+        } else {
+            float* row = static_cast<float*>(cache) + kv_at;
+            store_cache(row + rows.first_row, a);
+            store_cache(row + rows.second_row, b);
+        }
     }
 };
 

@@ -104,19 +104,22 @@ cudaError_t launch_gemv_geglu(const void* gate, const void* up, int type, const 
                               float eps, float* out, int in_features, int d_ff, cudaStream_t stream);
 cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, const void* wk, int k_type, const void* wv,
                                        int v_type, const float* x, const float* norm_weight, float eps,
-                                       const float* bq, const float* bk, const float* bv, float* q, float* k_cache,
-                                       float* v_cache, const int* positions, int in_features, int n_heads,
+                                       const float* bq, const float* bk, const float* bv, float* q, void* k_cache,
+                                       void* v_cache, const int* positions, int in_features, int n_heads,
                                        int n_kv_heads, int head_dim, int n_rot, const double* inv_freq,
-                                       float mscale, int mode, int n_ctx, cudaStream_t stream);
+                                       float mscale, int mode, int n_ctx, int cache_type, cudaStream_t stream);
 
 // gemv_int8.cu: gemv's function on the integer tensor cores, for the quantized types on sm_90+ (gemv.cu's
 // launchers send every launch it takes there themselves; this is the path alone).
 cudaError_t launch_gemv_int8(const void* weight, int type, const float* x, const float* norm_weight, float eps,
                              const float* residual, float* y, int in_features, int out_features, cudaStream_t stream);
 
-// attention.cu
-cudaError_t launch_kv_store_f32(const float* k, const float* v, float* k_cache, float* v_cache,
-                                const int* positions, int n_tokens, int kv_dim, int n_ctx, cudaStream_t stream);
+// attention.cu. The KV caches ([n_ctx][n_kv_heads * head_dim]) hold cache_type, a GGML type id: 0 F32, or 1 F16
+// (kv_cache.cuh: stored rounded to nearest even, read widened to float32); any other is refused. The same id goes to
+// gemv_qkv_rope_store, which stores k and v there too.
+cudaError_t launch_kv_store_f32(const float* k, const float* v, void* k_cache, void* v_cache,
+                                const int* positions, int n_tokens, int kv_dim, int n_ctx, int cache_type,
+                                cudaStream_t stream);
 std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_splits);
 // Decode: the one query (the newest token, at position kv_len[0] - 1) over cache rows 0..kv_len[0]-1 (the last
 // `window` of them; 0: all), the rows cut into n_splits pieces merged through the workspace
@@ -128,11 +131,12 @@ std::size_t attention_decode_workspace_bytes(int n_heads, int head_dim, int n_sp
 // even, 0..head_dim, 0 rotating nothing; inv_freq: n_rot/2 doubles, nullptr only where n_rot is 0; mscale;
 // mode 0 normal or 2 NeoX). q in device memory stays raw; the newest row is normed and rotated in place, so a
 // second launch over the same kv_len would norm it twice: the row must be stored raw before each such launch.
-cudaError_t launch_attention_decode_f32(const float* q, float* k_cache, const float* v_cache, float* out,
+cudaError_t launch_attention_decode_f32(const float* q, void* k_cache, const void* v_cache, float* out,
                                         const int* kv_len, float* workspace, int n_heads, int n_kv_heads,
                                         int head_dim, int n_ctx, float scale, int window, int n_splits,
                                         const float* q_norm, const float* k_norm, float head_eps, int n_rot,
-                                        const double* inv_freq, float mscale, int mode, cudaStream_t stream);
+                                        const double* inv_freq, float mscale, int mode, int cache_type,
+                                        cudaStream_t stream);
 // Prefill: query t over cache rows 0..positions[t] (the last `window` of them; 0: all). Where its query tiles
 // leave the GPU's block slots empty, each tile's rows are cut into attention_prefill_splits(...) slices (1:
 // none) whose partial states meet in `workspace`, then merge in slice order (deterministic; the workspace need
@@ -145,10 +149,11 @@ cudaError_t launch_attention_decode_f32(const float* q, float* k_cache, const fl
 int attention_prefill_splits(int n_tokens, int n_heads, int head_dim, int max_rows, int multiprocessors);
 long long attention_prefill_workspace_bytes(int n_tokens, int n_heads, int head_dim, int max_rows,
                                             int multiprocessors);
-cudaError_t launch_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+cudaError_t launch_attention_prefill_f32(const float* q, const void* k_cache, const void* v_cache, float* out,
                                          const int* positions, int n_tokens, int n_heads, int n_kv_heads,
                                          int head_dim, int n_ctx, int max_rows, float scale, int window,
-                                         float* workspace, long long workspace_bytes, cudaStream_t stream);
+                                         float* workspace, long long workspace_bytes, int cache_type,
+                                         cudaStream_t stream);
 
 // sample.cu. argmax: out[r] = the index of row r's largest value (lowest on ties), -1 if the row holds NaN/+-Inf.
 std::size_t argmax_workspace_bytes(int rows, int n);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "kv_cache.cuh"
 
 namespace minfer {
 
@@ -63,8 +64,10 @@ __device__ __forceinline__ void rope_rotate(float& a, float& b, RopeAngle angle)
 // angles are the caller's table (decode: in shared memory, filled before it waits for the previous kernel), so
 // what remains is x's loads, a warp_sum and y's stores: no other memory round trip once x is there. y may be x
 // (in place: a lane stores only what it loaded itself, after the warp_sum that needs every load).
-template <int HEAD_DIM>
-__device__ __forceinline__ void head_norm_rope(const float* x, float* y, const float* weight, const RopeAngle* angle,
+// x and y are float32 or a cache's f16 (kv_cache.cuh: widened as read, rounded once as written): decode norms the
+// newest k row in place in the cache.
+template <int HEAD_DIM, typename In, typename Out>
+__device__ __forceinline__ void head_norm_rope(const In* x, Out* y, const float* weight, const RopeAngle* angle,
                                                float eps, int n_rot, int mode, float scale) {
     constexpr int N_PAIRS = HEAD_DIM / 2;
     constexpr int PAIRS_PER_LANE = ceil_div(N_PAIRS, WARP_SIZE);
@@ -80,8 +83,8 @@ __device__ __forceinline__ void head_norm_rope(const float* x, float* y, const f
         first[i] = neox ? p : 2 * p;
         second[i] = neox ? p + half_rot : 2 * p + 1;
         const bool held = p < N_PAIRS;
-        a[i] = held ? x[first[i]] : 0.0f;
-        b[i] = held ? x[second[i]] : 0.0f;
+        a[i] = held ? widen(x[first[i]]) : 0.0f;
+        b[i] = held ? widen(x[second[i]]) : 0.0f;
         sum_of_squares += a[i] * a[i] + b[i] * b[i];
     }
     sum_of_squares = warp_sum(sum_of_squares);
@@ -92,8 +95,8 @@ __device__ __forceinline__ void head_norm_rope(const float* x, float* y, const f
         if (p >= N_PAIRS) continue;
         float u = a[i] * inv_rms * weight[first[i]], v = b[i] * inv_rms * weight[second[i]];
         if (p < half_rot) rope_rotate(u, v, angle[p]);
-        y[first[i]] = u * scale;
-        y[second[i]] = v * scale;
+        store_cache(y + first[i], u * scale);
+        store_cache(y + second[i], v * scale);
     }
 }
 

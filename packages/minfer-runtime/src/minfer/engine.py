@@ -82,7 +82,7 @@ class Engine:
         prompt) is refused here, before the weights load. `chat_template`, a Jinja template file or a built-in
         template's name (chatml, gemma, llama3, phi3; a str that names an existing path is the file), replaces
         the file's own. `cache_type` is the KV cache's element type, K and V alike (llama.cpp's names: f32, or f16,
-        half the memory, each value rounded to float16 as it is stored; the CUDA backend's is f32 only for now)."""
+        half the memory, each value rounded to float16 as it is stored)."""
         self.threads = set_threads(threads)  # before anything runs numpy's BLAS (minfer.threads)
         self.gguf = GGUFFile(resolve_model(model))
         self.config = ModelConfig.from_gguf(self.gguf)
@@ -102,7 +102,7 @@ class Engine:
             self.cache_type = check_cache_type(cache_type)
         except ValueError as exc:
             raise MinferError(str(exc)) from None
-        self.backend = create_backend(backend, self.cache_type)
+        self.backend = create_backend(backend)
         self.backend.load_weights(self.gguf, list(self.config.expected_tensors()), progress)
         self.kv_tokens: list[int] = []  # the tokens whose K/V rows the cache holds, at positions 0..n-1
         # Held by the one generation (or direct forward pass) using the cache (`_hold`). A Lock, not an RLock:

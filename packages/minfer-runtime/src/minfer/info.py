@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minfer.backends import CUDA_CACHE_TYPES, cuda_kernel_types
+from minfer.backends import cuda_kernel_types
 from minfer.chat_template import ChatTemplate, TemplateChoice
 from minfer.engine import DEFAULT_CTX_SIZE
 from minfer.gguf_file import GGUFFile, printable
@@ -56,7 +56,7 @@ def describe(model: str, chat_template: TemplateChoice | None = None, *, cache_t
 
 def memory_rows(gguf: GGUFFile, config: ModelConfig, cache_type: str) -> list[tuple[str, str]]:
     """What running the file costs in memory on each backend, at the default context size (the engine's rule), with
-    a KV cache of `cache_type` (the CUDA backend's is f32 only for now)."""
+    a KV cache of `cache_type`."""
     ctx = min(config.context_length, DEFAULT_CTX_SIZE)
     # Every layer's K and V caches, as the graph declares them: 4 bytes a value in f32, 2 in f16.
     layers = range(config.n_layers)
@@ -66,15 +66,11 @@ def memory_rows(gguf: GGUFFile, config: ModelConfig, cache_type: str) -> list[tu
     as_float32 = 4 * sum(t.n_elements for name, t in gguf.tensors.items() if name in read)
     mb = 1e6
     cache = f"KV cache of {cache_type} at context {ctx} ({kv_cache / mb:.0f} MB)"
-    cuda = (
-        f"{(stored + kv_cache) / mb:.0f} MB of device memory: weights as stored ({stored / mb:.0f} MB), {cache}"
-        if cache_type in CUDA_CACHE_TYPES
-        else f"the CUDA backend's KV cache is float32 only for now (-ctk {cache_type} needs --backend cpu)"
-    )
     return [
         ("memory, cpu", f"{(as_float32 + kv_cache) / mb:.0f} MB: weights dequantized to float32 at load "
          f"({as_float32 / mb:.0f} MB), {cache}"),
-        ("memory, cuda", cuda),
+        ("memory, cuda", f"{(stored + kv_cache) / mb:.0f} MB of device memory: weights as stored "
+         f"({stored / mb:.0f} MB), {cache}"),
     ]  # fmt: skip
 
 

@@ -170,7 +170,7 @@ def add_cache_type_options(parser: OneLineParser) -> None:
     parser.add_argument(
         "-ctk", "--cache-type-k", type=cache_type_value, metavar="TYPE",
         help=f"KV cache type ({types}; default: {DEFAULT_CACHE_TYPE}): f16 halves the cache's memory, each value "
-        "rounded to float16 as it is stored (the CUDA backend's is f32 only for now); sets V's too",
+        "rounded to float16 as it is stored; sets V's too",
     )  # fmt: skip
     parser.add_argument(
         "-ctv", "--cache-type-v", type=cache_type_value, metavar="TYPE",

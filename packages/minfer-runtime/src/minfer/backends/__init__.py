@@ -6,7 +6,6 @@ from minfer.backends.base import Backend
 from minfer.errors import BackendError
 
 BACKEND_CHOICES = ("auto", "cpu", "cuda")
-CUDA_CACHE_TYPES = ("f32",)  # the KV cache types the CUDA kernels store and read (models/llama.py: KV_CACHE_TYPES)
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -29,22 +28,14 @@ def cuda_kernel_types() -> frozenset[str] | None:
     return frozenset(kernel_type.name for kernel_type in minfer_kernels.GGMLType)
 
 
-def create_backend(name: str, cache_type: str) -> Backend:
-    """The backend for a `--backend` value and a KV cache of `cache_type`; `auto` picks CUDA when it can run here,
-    else the CPU.
+def create_backend(name: str) -> Backend:
+    """The backend for a `--backend` value; `auto` picks CUDA when it can run here, else the CPU.
 
-    An explicit `cuda` that cannot run is an error, never a silent switch to the CPU; so is a cache type the CUDA
-    kernels do not have, whether `cuda` was asked for or `auto` picked it (nothing is created or allocated yet).
+    An explicit `cuda` that cannot run is an error, never a silent switch to the CPU.
     """
     if name not in BACKEND_CHOICES:
         raise BackendError(f"unknown backend '{name}' (choose from {', '.join(BACKEND_CHOICES)})")
     if name == "cuda" or (name == "auto" and cuda_unavailable_reason() is None):
-        if cache_type not in CUDA_CACHE_TYPES:
-            whose = "the CUDA backend's" if name == "cuda" else "it picks the CUDA backend here, whose"
-            raise BackendError(
-                f"--backend {name}: {whose} KV cache is float32 only for now: --cache-type-k/-ctk {cache_type} "
-                "needs --backend cpu"
-            )
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise BackendError(f"--backend cuda: the CUDA backend cannot run here: {reason} (use --backend cpu)")

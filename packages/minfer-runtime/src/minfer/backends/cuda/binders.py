@@ -64,6 +64,19 @@ def refuse(node: Node, reason: str) -> BackendError:
     return BackendError(f"cuda: {node.name}: {reason}")
 
 
+# The KV cache dtypes the attention kernels store and read, as the GGML type id they take (kv_cache.cuh).
+CACHE_TYPES = {"float32": mk.GGMLType.F32, "float16": mk.GGMLType.F16}
+
+
+def cache_type(node: Node, cache_k: Tensor, cache_v: Tensor) -> int:
+    """The GGML type id of the KV caches `node` stores into or reads: one type for K and V (the graph's)."""
+    if cache_k.dtype not in CACHE_TYPES:
+        raise refuse(node, f"KV cache {cache_k.name} is {cache_k.dtype}: the kernels store float32 or float16")
+    if cache_v.dtype != cache_k.dtype:
+        raise refuse(node, f"KV caches {cache_k.name} ({cache_k.dtype}) and {cache_v.name} ({cache_v.dtype}) differ")
+    return int(CACHE_TYPES[cache_k.dtype])
+
+
 def named_inputs(b: Binding, node: Node) -> dict[str, int]:
     """A fused node's inputs as pointers, by the launcher parameter each one is (`params["args"]`)."""
     return {name: b.ptr(tensor) for name, tensor in zip(node.params["args"], node.inputs, strict=True)}
@@ -304,6 +317,7 @@ def gemv_qkv_rope_store(b: Binding, node: Node) -> list[Launch]:
         q=b.ptr(node.output), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), in_features=x.shape[1],
         n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_rot=p["rope_dim"],
         mscale=p["mscale"], mode=rope_mode(node), n_ctx=cache_k.shape[0],
+        cache_type=cache_type(node, cache_k, cache_v),
     )  # fmt: skip
 
 
@@ -317,6 +331,7 @@ def kv_store_f32(b: Binding, node: Node) -> list[Launch]:
     return launch(
         b, mk.kernels.kv_store_f32, k=b.ptr(k), v=b.ptr(v), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v),
         positions=b.ptr(positions), n_tokens=k.shape[0], kv_dim=kv_dim, n_ctx=n_ctx,
+        cache_type=cache_type(node, cache_k, cache_v),
     )  # fmt: skip
 
 
@@ -338,7 +353,7 @@ def attention(b: Binding, node: Node) -> list[Launch]:
     common = dict(
         q=b.ptr(q), k_cache=b.ptr(cache_k), v_cache=b.ptr(cache_v), out=b.ptr(node.output), n_heads=p["n_heads"],
         n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"], n_ctx=cache_k.shape[0], scale=p["scale"],
-        window=p["window"],
+        window=p["window"], cache_type=cache_type(node, cache_k, cache_v),
     )  # fmt: skip
     if q.shape[0] == 1:
         return launch(
