@@ -31,6 +31,7 @@
 // would be one more launch a layer, on the decode step's critical path, for a few KB of work.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 #include "kv_cache.cuh"
@@ -665,40 +666,47 @@ struct PrefillTile {
     static_assert(SPLIT_ALIGN_ROWS % ROWS == 0, "a slice of the cache rows is whole tiles");
 };
 
-// One thread's share of a tile's K or V, from its global loads to its f16 stores.
-template <int HEAD_DIM>
+// One thread's share of a tile's K or V, from its global loads to its f16 stores: float4 from a float32 cache,
+// rounded to f16 as it is stored; from an f16 cache the f16 bits themselves (uint2), stored as they came, with no
+// widening and rounding back.
+template <int HEAD_DIM, typename T>
 struct PrefillLoads {
-    float4 vectors[PrefillTile<HEAD_DIM>::LOAD_VECTORS];
+    using Vector = std::conditional_t<std::is_same_v<T, float>, float4, uint2>;
+    Vector vectors[PrefillTile<HEAD_DIM>::LOAD_VECTORS];
 };
 
-// float4 i of a tile is row i / ROW_VECTORS, values 4 (i % ROW_VECTORS) .. + 3: consecutive threads read
-// consecutive 16 bytes of a row (coalesced) and store consecutive 8 bytes of f16, and a thread's float4 are
-// PASS_ROWS rows apart in one column. Rows from `end` on are zeros, not read. `head` points at the KV head's
-// first value of cache row 0.
+// Vector i of a tile is row i / ROW_VECTORS, values 4 (i % ROW_VECTORS) .. + 3: consecutive threads read
+// consecutive 16 bytes of a row (8 of an f16 row: coalesced either way) and store consecutive 8 bytes of f16, and
+// a thread's vectors are PASS_ROWS rows apart in one column. Rows from `end` on are zeros, not read. `head`
+// points at the KV head's first value of cache row 0.
 template <int HEAD_DIM, typename T>
-__device__ __forceinline__ void load_prefill_tile(PrefillLoads<HEAD_DIM>& loads, const T* head, int first_row,
+__device__ __forceinline__ void load_prefill_tile(PrefillLoads<HEAD_DIM, T>& loads, const T* head, int first_row,
                                                   int end, int kv_dim) {
     using Tile = PrefillTile<HEAD_DIM>;
+    using Vector = typename PrefillLoads<HEAD_DIM, T>::Vector;
     const int row = first_row + threadIdx.x / Tile::ROW_VECTORS;
     const T* from = head + std::size_t(row) * kv_dim + 4 * (threadIdx.x % Tile::ROW_VECTORS);
     const std::size_t pass = std::size_t(Tile::PASS_ROWS) * kv_dim;
 #pragma unroll
     for (int n = 0; n < Tile::LOAD_VECTORS; ++n)
-        loads.vectors[n] = row + n * Tile::PASS_ROWS < end ? load_cache_quad(from + n * pass, 0)
-                                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        loads.vectors[n] = row + n * Tile::PASS_ROWS < end ? *reinterpret_cast<const Vector*>(from + n * pass)
+                                                           : Vector{};  // zero bits: +0 in both types
 }
 
-template <int HEAD_DIM>
-__device__ __forceinline__ void store_prefill_tile(const PrefillLoads<HEAD_DIM>& loads, __half* tile) {
+// Four values as f16 bits: a float32 cache's rounded, an f16 cache's as they are.
+__device__ __forceinline__ uint2 f16_bits(float4 value) {
+    return make_uint2(half2_to_bits(__floats2half2_rn(value.x, value.y)),
+                      half2_to_bits(__floats2half2_rn(value.z, value.w)));
+}
+__device__ __forceinline__ uint2 f16_bits(uint2 bits) { return bits; }
+
+template <int HEAD_DIM, typename T>
+__device__ __forceinline__ void store_prefill_tile(const PrefillLoads<HEAD_DIM, T>& loads, __half* tile) {
     using Tile = PrefillTile<HEAD_DIM>;
     __half* to = tile + (threadIdx.x / Tile::ROW_VECTORS) * Tile::STRIDE + 4 * (threadIdx.x % Tile::ROW_VECTORS);
 #pragma unroll
-    for (int n = 0; n < Tile::LOAD_VECTORS; ++n) {
-        const float4 value = loads.vectors[n];
-        *reinterpret_cast<uint2*>(to + n * Tile::PASS_ROWS * Tile::STRIDE) =
-            make_uint2(half2_to_bits(__floats2half2_rn(value.x, value.y)),
-                       half2_to_bits(__floats2half2_rn(value.z, value.w)));
-    }
+    for (int n = 0; n < Tile::LOAD_VECTORS; ++n)
+        *reinterpret_cast<uint2*>(to + n * Tile::PASS_ROWS * Tile::STRIDE) = f16_bits(loads.vectors[n]);
 }
 
 // Prefill on the tensor cores, in FlashAttention-2's schedule: a block takes 64 consecutive queries of one
@@ -739,11 +747,11 @@ __device__ __forceinline__ void store_prefill_tile(const PrefillLoads<HEAD_DIM>&
 // writes `out` itself.
 //
 // The pipeline, one barrier per tile (gemm.cu's, with one register stage): while the warps work on tile t
-// (shared buffer t % 2), the next tile's float32 rows are in flight in registers (PrefillLoads), then
-// converted to f16 and stored into the other buffer, which was last read in tile t - 1, before the barrier
-// that ended it. K's loads go out before the products S = Q K^T and are stored after them; V's go out in
-// their registers' place and are stored after the softmax and P V: each half of the tile's loads has a half
-// of its math to arrive in, with 32 registers of loads in flight rather than 64 (see PrefillTile). The first
+// (shared buffer t % 2), the next tile's rows are in flight in registers (PrefillLoads), then stored as f16
+// into the other buffer, which was last read in tile t - 1, before the barrier that ended it. K's loads go out
+// before the products S = Q K^T and are stored after them; V's go out in their registers' place and are stored
+// after the softmax and P V: each half of the tile's loads has a half of its math to arrive in, with 32
+// registers of float32 loads in flight rather than 64 (16 of an f16 cache's; see PrefillTile). The first
 // tile's loads overlap staging q. A warp skips the products of a tile none of its queries sees (one before all
 // their windows, or a last one past all their positions), but loads and stores its share of every tile: the
 // barriers are the block's.
@@ -829,7 +837,7 @@ __global__ void __launch_bounds__(MMA_PREFILL_THREADS, PrefillTile<HEAD_DIM>::MI
     const std::size_t kv_offset = std::size_t(head / group_size) * HEAD_DIM;
     const T* k_head = k_cache + kv_offset;
     const T* v_head = v_cache + kv_offset;
-    PrefillLoads<HEAD_DIM> next_k, next_v;
+    PrefillLoads<HEAD_DIM, T> next_k, next_v;
     load_prefill_tile(next_k, k_head, start, end, kv_dim);
     load_prefill_tile(next_v, v_head, start, end, kv_dim);
 
