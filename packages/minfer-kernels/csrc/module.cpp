@@ -376,7 +376,8 @@ void bind_kernels(nb::module_& k) {
                     "0..positions[t] (the last `window` of them; 0: all), scores scale * q.k; positions: device "
                     "int32 [n_tokens]; max_rows (1..n_ctx) bounds the rows a query sees and sets the slices of the "
                     "cache rows; `workspace`: attention_prefill_workspace_bytes(...) bytes (None when that is 0). "
-                    "The caches hold cache_type (0 F32, 1 F16), widened to float32 as read.",
+                    "The caches hold cache_type (0 F32, 1 F16), widened to float32 as read, but where the "
+                    "tensor cores take the prompt (head_dim 64 or 128, sm_80+): their operands are f16.",
                     "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "positions"_a, "n_tokens"_a, "n_heads"_a,
                     "n_kv_heads"_a, "head_dim"_a, "n_ctx"_a, "max_rows"_a, "scale"_a, "window"_a, "workspace"_a,
                     "workspace_bytes"_a, "cache_type"_a, "stream"_a);

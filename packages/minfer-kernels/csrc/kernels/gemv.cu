@@ -890,8 +890,7 @@ extern "C" cudaError_t launch_gemv_qkv_rope_store(const void* wq, int q_type, co
         return minfer_refuse("head_dim must be even, and n_rot even, 0 (no rotation) to head_dim");
     if (n_rot > 0 && inv_freq == nullptr) return minfer_refuse("inv_freq must be given when n_rot is not 0");
     if (n_heads <= 0 || n_kv_heads <= 0 || n_ctx <= 0) return minfer_refuse("head counts and n_ctx must be positive");
-    if (cache_type != CACHE_F32 && cache_type != CACHE_F16)
-        return minfer_refuse("cache_type must be 0 (F32) or 1 (F16), a GGML type id");
+    if (cache_type != CACHE_F32 && cache_type != CACHE_F16) return refuse_cache_type();
     const int q_rows = n_heads * head_dim, kv_rows = n_kv_heads * head_dim;
     GemvQkvRopeStore epilogue{};
     epilogue.q_weight = weight_part(wq, q_type, in_features, q_rows);

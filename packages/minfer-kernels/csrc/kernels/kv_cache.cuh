@@ -3,8 +3,10 @@
 //
 // A cache is float32 or f16 (llama.cpp's default, half the bytes a row), named by its GGML type id as the
 // launchers take it (0 F32, 1 F16). A value goes into an f16 cache rounded to nearest, ties to even
-// (__float2half_rn: the bits numpy's np.float16 writes, so the CPU backend stores the same cache), and comes out
-// widened to float32 exactly; every sum over cache rows stays float32.
+// (__float2half_rn: the bits numpy's np.float16 writes, so the CPU backend stores the same cache). The CUDA-core
+// kernels (decode, the float32 prefill) read it widened to float32 exactly, and every sum over cache rows stays
+// float32; the tensor-core prefill (attention_prefill_tensor_cores) takes an f16 row as the f16 operand it is,
+// where it rounds a float32 row to f16.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -34,13 +36,18 @@ __device__ __forceinline__ float4 load_cache_quad(const __half* row, int quad) {
     return make_float4(low.x, low.y, high.x, high.y);
 }
 
+// What every launcher answers a cache type id that is neither.
+inline cudaError_t refuse_cache_type() {
+    return minfer_refuse("cache_type must be 0 (F32) or 1 (F16), a GGML type id");
+}
+
 // launch(T{}) with T the element type of `cache_type` (float or __half): a launcher's one generic lambda
 // instantiates its kernel for both; any other type id is refused.
 template <class Launch>
 cudaError_t with_cache_type(int cache_type, Launch&& launch) {
     if (cache_type == CACHE_F32) return launch(float{});
     if (cache_type == CACHE_F16) return launch(__half{});
-    return minfer_refuse("cache_type must be 0 (F32) or 1 (F16), a GGML type id");
+    return refuse_cache_type();
 }
 
 }  // namespace minfer

@@ -115,8 +115,8 @@ cudaError_t launch_gemv_int8(const void* weight, int type, const float* x, const
                              const float* residual, float* y, int in_features, int out_features, cudaStream_t stream);
 
 // attention.cu. The KV caches ([n_ctx][n_kv_heads * head_dim]) hold cache_type, a GGML type id: 0 F32, or 1 F16
-// (kv_cache.cuh: stored rounded to nearest even, read widened to float32); any other is refused. The same id goes to
-// gemv_qkv_rope_store, which stores k and v there too.
+// (kv_cache.cuh: stored rounded to nearest even; read widened to float32, but by the tensor-core prefill, whose
+// operands are f16); any other is refused. The same id goes to gemv_qkv_rope_store, which stores k and v there too.
 cudaError_t launch_kv_store_f32(const float* k, const float* v, void* k_cache, void* v_cache,
                                 const int* positions, int n_tokens, int kv_dim, int n_ctx, int cache_type,
                                 cudaStream_t stream);
