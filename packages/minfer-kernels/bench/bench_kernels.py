@@ -11,6 +11,8 @@ launches. The DRAM table is a decode step's view: each launch reads its own copy
 together several times the L2, launched back to back in a replayed graph (overlapped, as in the step). Weight
 bytes are random: timing does not depend on the values. The H200 moves about 4.3 TB/s device to device; a
 decode-step kernel that reads 1 MB is launch-bound.
+The rows that write or read a KV cache (the q|k|v GEMV that stores k and v, decode attention, the prompts at
+depth 2048) are timed on a float32 cache, then on an f16 one, of half the bytes (their names end "f16 cache").
 """
 
 from __future__ import annotations
@@ -19,13 +21,22 @@ import argparse
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 import minfer_kernels as mk
 from minfer_kernels import kernels
 
 HIDDEN, FFN, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 896, 4864, 151936, 14, 2, 64
 REPEATS = 200
-F32_CACHE = mk.GGMLType.F32  # the KV caches' type: float32
+F32_CACHE = mk.GGMLType.F32  # the KV caches' types: float32 (the runtime's default),
+F16_CACHE = mk.GGMLType.F16  # or f16 (`-ctk f16`), 2 bytes a value
+# The cache types a row that reads or writes a KV cache is timed at, and the numpy type of their values.
+CACHE_DTYPES = {F32_CACHE: np.float32, F16_CACHE: np.float16}
+
+
+def cache_label(cache_type: mk.GGMLType) -> str:
+    """The end of a row's name for its cache type: none for float32, so those rows keep their names."""
+    return "" if cache_type == F32_CACHE else f" {cache_type.name.lower()} cache"
 
 
 def time_per_launch_us(launch: Callable[[], None], stream: mk.Stream) -> float:
@@ -41,10 +52,11 @@ def time_per_launch_us(launch: Callable[[], None], stream: mk.Stream) -> float:
 
 
 def prefill_cases(
-    device: Callable[[int], int], floats: Callable[[int], int], keep: list[mk.DeviceBuffer], h: int
+    device: Callable[[int], int], floats: Callable[..., int], keep: list[mk.DeviceBuffer], h: int
 ) -> list[tuple[str, float, Callable[[], None]]]:
     """(name, floating-point operations, launch): the prefill GEMMs of one layer at 512 tokens, the token
-    counts around GEMM_MIN_TOKENS (the runtime's switch from matmul to gemm), and prefill attention."""
+    counts around GEMM_MIN_TOKENS (the runtime's switch from matmul to gemm), and prefill attention; `floats(n,
+    dtype)` n random values of dtype (float32 by default)."""
     cases: list[tuple[str, float, Callable[[], None]]] = []
 
     multiprocessors = mk.devices()[0].sm_count
@@ -84,12 +96,12 @@ def prefill_cases(
 
     # A prompt from position 0, and one behind a cache of `depth` rows (llama-bench's pp512 at depth 2048), with
     # max_rows the largest position + 1; and as the runtime launches them, max_rows the cache's n_ctx (4096 by
-    # default), whose extra slices the shallow prompt leaves empty.
+    # default), whose extra slices the shallow prompt leaves empty. The prompts behind a cache, whose queries read
+    # mostly cached rows, are timed on each cache type; the others on float32 alone.
     shapes = ((512, 0, 512), (2048, 0, 2048), (512, 2048, 2560), (512, 0, 4096), (512, 2048, 4096))
     for n_tokens, depth, n_ctx in shapes:  # tokens, the cache rows before them, n_ctx (the launch's max_rows too)
         kv_dim, max_rows = KV_HEADS * HEAD_DIM, depth + n_tokens
         q, out = floats(n_tokens * HEADS * HEAD_DIM), floats(n_tokens * HEADS * HEAD_DIM)
-        k_cache, v_cache = floats(n_ctx * kv_dim), floats(n_ctx * kv_dim)
         positions = mk.upload(depth + np.arange(n_tokens, dtype=np.int32), h)
         keep.append(positions)
         splits = kernels.attention_prefill_splits(n_tokens, HEADS, HEAD_DIM, n_ctx, multiprocessors)
@@ -97,17 +109,19 @@ def prefill_cases(
         space = floats(nbytes // 4) if nbytes else None
         visible_rows = max_rows * (max_rows + 1) // 2 - depth * (depth + 1) // 2
         name = f"attention prefill {n_tokens} tokens" + (f" at depth {depth}" if depth else "")
-        cases.append(
-            (
-                name + (f", n_ctx {n_ctx}" if n_ctx > max_rows else "") + f" ({splits} slices)",
-                4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
-                lambda q=q, k=k_cache, v=v_cache, out=out, p=positions, n=n_tokens, c=n_ctx, s=space, b=nbytes: (
-                    kernels.attention_prefill_f32(
-                        q, k, v, out, p.ptr, n, HEADS, KV_HEADS, HEAD_DIM, c, c, HEAD_DIM**-0.5, 0, s, b, F32_CACHE, h
-                    )
-                ),
+        name += (f", n_ctx {n_ctx}" if n_ctx > max_rows else "") + f" ({splits} slices)"
+        for cache_type in CACHE_DTYPES if depth else (F32_CACHE,):
+            dtype = CACHE_DTYPES[cache_type]
+            k_cache, v_cache = floats(n_ctx * kv_dim, dtype), floats(n_ctx * kv_dim, dtype)
+            shape = (n_tokens, HEADS, KV_HEADS, HEAD_DIM, n_ctx, n_ctx, HEAD_DIM**-0.5, 0)
+            args = (q, k_cache, v_cache, out, positions.ptr, *shape, space, nbytes, cache_type, h)
+            cases.append(
+                (
+                    name + cache_label(cache_type),
+                    4.0 * HEADS * HEAD_DIM * visible_rows,  # q.k and weight * v: 2 FLOP each per dimension
+                    lambda args=args: kernels.attention_prefill_f32(*args),
+                )
             )
-        )
     return cases
 
 
@@ -239,8 +253,8 @@ def main() -> None:
         keep.append(buffer)
         return buffer.ptr
 
-    def floats(n: int) -> int:
-        buffer = mk.upload(rng.standard_normal(n).astype(np.float32), h)
+    def floats(n: int, dtype: npt.DTypeLike = np.float32) -> int:
+        buffer = mk.upload(rng.standard_normal(n).astype(dtype), h)
         keep.append(buffer)
         return buffer.ptr
 
@@ -266,7 +280,7 @@ def main() -> None:
 
     # The fused one-token kernels of a decode layer (gemv.cu), norm included.
     norm, qkv_rows = floats(HIDDEN), (HEADS + 2 * KV_HEADS) * HEAD_DIM
-    caches, positions = floats(2 * 4096 * KV_HEADS * HEAD_DIM), mk.upload(np.array([1000], np.int32), h)
+    positions = mk.upload(np.array([1000], np.int32), h)
     inv_freq = mk.upload(1e6 ** (-2.0 * np.arange(HEAD_DIM // 2) / HEAD_DIM), h)  # the RoPE table (rope.cuh)
     keep += [positions, inv_freq]
     for ggml_type in (mk.GGMLType.Q4_0, mk.GGMLType.Q8_0):
@@ -283,18 +297,23 @@ def main() -> None:
         )
         row = mk.row_bytes(ggml_type, HIDDEN)
         weights = [arg for rows in (HEADS, KV_HEADS, KV_HEADS) for arg in (device(row * rows * HEAD_DIM), ggml_type)]
-        k_cache, v_cache = caches, caches + 4 * 4096 * KV_HEADS * HEAD_DIM
         biases = (floats(HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM), floats(KV_HEADS * HEAD_DIM))
-        outputs = (*biases, floats(HEADS * HEAD_DIM), k_cache, v_cache, positions.ptr)  # biases, q, caches, ...
+        q_out = floats(HEADS * HEAD_DIM)
         heads = (HIDDEN, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, inv_freq.ptr, 1.0, kernels.ROPE_NEOX, 4096)
-        qkv_args = (*weights, x, norm, 1e-6, *outputs, *heads, F32_CACHE, h)
-        cases.append(
-            (
-                f"gemv_qkv_rope_store {ggml_type.name} {HIDDEN}->{qkv_rows}",
-                row * qkv_rows + 4 * (2 * HIDDEN + 2 * qkv_rows),
-                lambda args=qkv_args: kernels.gemv_qkv_rope_store(*args),
+        for cache_type, dtype in CACHE_DTYPES.items():
+            k_cache, v_cache = floats(4096 * KV_HEADS * HEAD_DIM, dtype), floats(4096 * KV_HEADS * HEAD_DIM, dtype)
+            outputs = (*biases, q_out, k_cache, v_cache, positions.ptr)  # biases, q, caches, ...
+            qkv_args = (*weights, x, norm, 1e-6, *outputs, *heads, cache_type, h)
+            cases.append(
+                (
+                    f"gemv_qkv_rope_store {ggml_type.name} {HIDDEN}->{qkv_rows}{cache_label(cache_type)}",
+                    # weights; x and norm, biases read, q written; the new k and v rows stored in the cache's type
+                    row * qkv_rows
+                    + 4 * (2 * HIDDEN + qkv_rows + HEADS * HEAD_DIM)
+                    + mk.row_bytes(cache_type, 2 * KV_HEADS * HEAD_DIM),
+                    lambda args=qkv_args: kernels.gemv_qkv_rope_store(*args),
+                )
             )
-        )
 
     x, weight, out = floats(HIDDEN), floats(HIDDEN), floats(HIDDEN)
     cases.append(("rms_norm 1x896", 12 * HIDDEN, lambda: kernels.rms_norm_f32(x, weight, out, 1, HIDDEN, 1e-6, h)))
@@ -313,27 +332,30 @@ def main() -> None:
         )
     )
 
-    def attention_case(kv_len: int, n_splits: int) -> None:
-        kv_dim = KV_HEADS * HEAD_DIM
-        k_cache, v_cache, attn_out = floats(kv_len * kv_dim), floats(kv_len * kv_dim), floats(HEADS * HEAD_DIM)
-        length = mk.upload(np.array([kv_len], np.int32), h)
+    def attention_case(kv_len: int, n_splits: int, cache_type: mk.GGMLType) -> None:
+        kv_dim, dtype = KV_HEADS * HEAD_DIM, CACHE_DTYPES[cache_type]
+        k_cache, v_cache = floats(kv_len * kv_dim, dtype), floats(kv_len * kv_dim, dtype)
+        attn_out, length = floats(HEADS * HEAD_DIM), mk.upload(np.array([kv_len], np.int32), h)
         workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(HEADS, HEAD_DIM, n_splits))
         keep.extend([length, workspace])
         cases.append(
             (
-                f"attention decode kv={kv_len} splits={n_splits}",
-                8 * kv_len * kv_dim,
+                f"attention decode kv={kv_len} splits={n_splits}{cache_label(cache_type)}",
+                2 * mk.row_bytes(cache_type, kv_len * kv_dim),
                 lambda: kernels.attention_decode_f32(
                     q, k_cache, v_cache, attn_out, length.ptr, workspace.ptr,
-                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM, F32_CACHE, h,
+                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM,
+                    cache_type, h,
                 ),
             )
         )  # fmt: skip
 
-    # Short caches (one split of 32+ rows), and depth 2048 with the backend's 64 splits against fewer or more.
-    for kv_len, n_splits in ((64, 64), (128, 64), (1024, 16), (2048, 16), (2048, 32), (2048, 64), (2048, 128)):
-        attention_case(kv_len, n_splits)
-    attention_case(4096, 32)
+    # Short caches (one split of 32+ rows), depth 2048 with the backend's 64 splits against fewer or more, and 4096
+    # rows; each on each cache type.
+    shapes = ((64, 64), (128, 64), (1024, 16), (2048, 16), (2048, 32), (2048, 64), (2048, 128), (4096, 32))
+    for kv_len, n_splits in shapes:
+        for cache_type in CACHE_DTYPES:
+            attention_case(kv_len, n_splits, cache_type)
     logits, index = floats(VOCAB), floats(1)
     argmax_space = mk.DeviceBuffer(kernels.argmax_workspace_bytes(1, VOCAB))  # zeroed, as argmax needs
     keep.append(argmax_space)
