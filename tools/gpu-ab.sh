@@ -19,7 +19,10 @@
 # instead of the synthetic models: llama-quantize's presets that tools/bench-vs-llamacpp.sh leaves in its WORKDIR,
 # say), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r, default 10), MINFER_AB_ARGS (more bench flags, default
 # -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu builds no kernels), MINFER_CUDA_ARCHS (default native),
-# PYTHON (default python3). Wheels in ./.whl/ are installed first, as tools/gpu-check.sh does. Logs and the table:
+# PYTHON (default python3), MINFER_AB_KERNELS (set: each round runs the kernel microbenchmark,
+# packages/minfer-kernels/bench/bench_kernels.py, on each tree's kernels instead of `minfer bench` on models; its
+# value is the microbenchmark's flags, `--dram` for the table of decode's products with their weights in DRAM, or
+# `all` for every table; the table then compares microseconds a launch, row by row). Wheels in ./.whl/ are installed first, as tools/gpu-check.sh does. Logs and the table:
 # $OUT when the device tool runs this, else build/gpu-ab.
 set -uo pipefail
 
@@ -107,7 +110,7 @@ for name in "${NAMES[@]}"; do
     build "$name" > "$LOGS/build-$name.log" 2>&1 &
     JOBS+=("$!:build-$name")
 done
-if [ -z "${MINFER_AB_MODELS:-}" ]; then
+if [ -z "${MINFER_AB_MODELS:-}" ] && [ -z "${MINFER_AB_KERNELS:-}" ]; then
     mkdir -p /tmp/minfer-bench
     for weight_type in ${MINFER_AB_TYPES:-Q4_0 Q8_0 Q4_K_M}; do
         # The files issue 17's table measures are llama-quantize's, whose Q4_0, Q4_1, Q5_0 and Q5_1 models have a
@@ -138,6 +141,60 @@ bench() {
         | sed "s/^/$tree,$round,$(basename "$model"),/"
 }
 
+# microbench TREE ROUND: the kernel microbenchmark on one tree's kernels, each row's name and microseconds a launch
+# (the two numbers that end a row: microseconds, then a rate) tagged with the tree and the round, tab-separated.
+microbench() {
+    local tree=$1 round=$2 path=${PYTHONPATH:-} flags=()
+    [ "$tree" != this ] && path=/tmp/ab-site/$tree${PYTHONPATH:+:$PYTHONPATH}
+    [ "$MINFER_AB_KERNELS" != all ] && read -ra flags <<< "$MINFER_AB_KERNELS"
+    PYTHONPATH=$path "$PYTHON" packages/minfer-kernels/bench/bench_kernels.py "${flags[@]}" \
+        2>> "$LOGS/bench-errors.log" | awk -v tree="$tree" -v round="$round" \
+        '$NF ~ /^[0-9.]+$/ && $(NF - 1) ~ /^[0-9.]+$/ { name = $0; sub(/[ ]+[0-9.]+[ ]+[0-9.]+$/, "", name);
+         gsub(/[ ]+/, " ", name); print tree "\t" round "\t" name "\t" $(NF - 1) }'
+}
+
+REVISIONS=()
+for name in "${NAMES[@]}"; do
+    if [ "$name" = this ]; then REVISIONS+=("this=the working tree"); else
+        REVISIONS+=("$name=$(cut -c1-12 "$TREES/$name/REVISION")"); fi
+done
+
+if [ -n "${MINFER_AB_KERNELS:-}" ]; then
+    for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
+        for i in "${!NAMES[@]}"; do  # who goes first rotates, as below
+            microbench "${NAMES[$(((i + round - 1) % ${#NAMES[@]}))]}" "$round"
+        done
+    done > "$LOGS/ab-kernels.tsv"
+    "$PYTHON" - "$LOGS/ab-kernels.tsv" "${REVISIONS[@]}" <<'PY' | tee "$LOGS/ab.md"
+"""The table: per microbenchmark row, each tree's microseconds a launch per round, their mean and its change
+against the baseline (the first tree; negative is faster)."""
+import statistics
+import sys
+
+trees = [arg.split("=", 1) for arg in sys.argv[2:]]
+runs: dict[str, dict[str, list[float]]] = {}
+for line in open(sys.argv[1]):
+    tree, _, row, us = line.rstrip("\n").split("\t")
+    runs.setdefault(row, {name: [] for name, _ in trees})[tree].append(float(us))
+print("trees: " + ", ".join(f"{name} ({revision})" for name, revision in trees))
+print(f"µs a launch per round, the order of the trees rotating each round; changes against {trees[0][0]}")
+print("| kernel | tree | µs per round | mean | change |")
+print("| --- | --- | --- | ---: | ---: |")
+for row, by_tree in runs.items():
+    base = by_tree[trees[0][0]]
+    baseline = statistics.mean(base) if base else float("nan")
+    for name, _ in trees:
+        times = by_tree[name]
+        if not times:
+            print(f"| {row} | {name} | no result (bench-errors.log) | | |")
+            continue
+        mean = statistics.mean(times)
+        change = "" if name == trees[0][0] else f"{100 * (mean / baseline - 1):+.1f}%"
+        print(f"| {row} | {name} | {' / '.join(f'{t:.2f}' for t in times)} | {mean:.2f} | {change} |")
+PY
+    exit 0
+fi
+
 for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
     for model in "${MODELS[@]}"; do
         for i in "${!NAMES[@]}"; do  # round r starts with tree r - 1 (modulo the trees): who goes first rotates
@@ -145,12 +202,6 @@ for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
         done
     done
 done > "$LOGS/ab.csv"
-
-REVISIONS=()
-for name in "${NAMES[@]}"; do
-    if [ "$name" = this ]; then REVISIONS+=("this=the working tree"); else
-        REVISIONS+=("$name=$(cut -c1-12 "$TREES/$name/REVISION")"); fi
-done
 "$PYTHON" - "$LOGS/ab.csv" "${REVISIONS[@]}" <<'PY' | tee "$LOGS/ab.md"
 """The table: per model and test, each tree's t/s per round (with the bench's own standard deviation over its
 repetitions), their mean and its change against the baseline (the first tree)."""
