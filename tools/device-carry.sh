@@ -11,7 +11,7 @@
 #                                default model, and Gemma 3 270M where `minfer pull gemma3` or `nox -s tests` put it
 #                                in minfer's cache) as xz parts (MODEL.xz.K, with MODEL.xz.sums: the part count and
 #                                the model's sha256), cut so that each call's carry fills CALL_BYTES; prints each
-#                                call's carry
+#                                call's carry (each call's command: tools/device-call.sh, which runs keep and join)
 #   tools/device-carry.sh keep   there, every call: copies what the call carried (wheels, parts) to /tmp/keep; the
 #                                call that carries llama.cpp's source unpacks it and starts building llama-bench and
 #                                llama-quantize in the background into /tmp/llama-build (bin/ when done; log
@@ -100,8 +100,8 @@ pack() {
         echo "device-carry: call $call carry [$(printf '"%s", ' $paths | sed 's/, $//')]"
         call=$((call + 1))
     done
-    echo "device-carry: every call's command starts with tools/device-carry.sh keep &&; after the last part of a" \
-        "model, tools/device-carry.sh join && puts it in \$MINFER_HOME/models"
+    echo "device-carry: every call's command is tools/device-call.sh STEP... (it keeps what the call carried and" \
+        "joins each model whose parts are all there into \$MINFER_HOME/models)"
 }
 
 keep() {

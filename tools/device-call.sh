@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# One device call's command, on the GPU machine: tools/device-call.sh STEP [STEP...] (or: eval CMD).
+#
+# Every call first keeps what it carried and joins each real model whose parts are all there (tools/device-carry.sh
+# keep and join), installs the carried wheels into /tmp/site, and sets what the steps share: MINFER_HOME
+# (/tmp/minfer-home, where join puts the models), SKBUILD_BUILD_DIR (build/skbuild: gpu-check.sh's build and
+# gpu-ab.sh's working tree reuse one warm build folder across the calls of one machine), MINFER_TEST_WORKERS (12)
+# and MINFER_CUDA_ARCHS (90: the device's H100s and H200s; override for another GPU).
+#
+#   suite          tools/gpu-check.sh's build, kernel tests and the kernel tests under memcheck (~8.5 min on an
+#                  H100: a call of its own)
+#   suite2         the rest of tools/gpu-check.sh (microbench, the runtime's and chat's CUDA tests with the real
+#                  models joined so far, `minfer run` under memcheck, bench, depth, op timing, the toys)
+#   models SPEC... write these synthetic models in the background, on through the call's end, for a later call's
+#                  ab (SPEC: PRESET:TYPE or PRESET:TYPE:HEAD, HEAD the output head's type; the file is
+#                  /tmp/minfer-bench/PRESET-TYPE[-head-HEAD].gguf, gpu-ab.sh's name)
+#   ab SPEC...     tools/gpu-ab.sh run on those models (written first where missing, after any background writer
+#                  is done); its knobs pass through (MINFER_AB_ROUNDS defaults to 2 here); with MINFER_AB_KERNELS
+#                  set, no SPEC: the microbenchmark instead of models
+#   eval CMD       CMD in this environment
+#
+# A call that must chain with the next one (a machine idle for 30 s is given back) should leave nothing to decide
+# between them: prepare every tree the next call may run (tools/gpu-ab.sh prepare) before the first, and check that
+# the working tree is the one meant (git log -1, git status) before a suite call.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+export MINFER_CUDA_ARCHS=${MINFER_CUDA_ARCHS:-90} MINFER_HOME=${MINFER_HOME:-/tmp/minfer-home} PYTHONUNBUFFERED=1
+export SKBUILD_BUILD_DIR=${SKBUILD_BUILD_DIR:-$PWD/build/skbuild} MINFER_TEST_WORKERS=${MINFER_TEST_WORKERS:-12}
+PYTHON=${PYTHON:-python3}
+BENCH_DIR=/tmp/minfer-bench
+WRITING=$BENCH_DIR/writing  # there while a background writer runs
+mkdir -p "$MINFER_HOME" "$BENCH_DIR"
+tools/device-carry.sh keep >/dev/null && tools/device-carry.sh join || exit 1
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/gguf ]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+
+# model_path SPEC: the file of a synthetic model
+model_path() {
+    local preset type head
+    IFS=: read -r preset type head <<< "$1"
+    echo "$BENCH_DIR/$preset-$type${head:+-head-$head}.gguf"
+}
+
+# write_model SPEC: writes it unless it is there (a file appears whole: written aside, then renamed)
+write_model() {
+    local preset type head path
+    IFS=: read -r preset type head <<< "$1"
+    path=$(model_path "$1")
+    [ -f "$path" ] && return 0
+    PYTHONPATH=packages/minfer-runtime/src:$PYTHONPATH "$PYTHON" -m minfer.testing.synthetic "$path.part" \
+        --preset "$preset" --weight-type "$type" ${head:+--output-tensor-type "$head"} \
+        > "$BENCH_DIR/$preset-$type.log" 2>&1 && mv "$path.part" "$path"
+}
+
+step() {
+    local name=$1
+    shift
+    case $name in
+        suite)
+            MINFER_GPU_CHECK_ONLY=kernels,memcheck bash tools/gpu-check.sh ;;
+        suite2)
+            MINFER_GPU_CHECK_ONLY=microbench,runtime,run-memcheck,bench,depth,op-timing,toys bash tools/gpu-check.sh ;;
+        models)
+            touch "$WRITING"
+            export -f model_path write_model
+            export BENCH_DIR PYTHON
+            # shellcheck disable=SC2016 # expanded by the background shell
+            setsid nohup nice bash -c 'for spec; do write_model "$spec" & done; wait; rm -f "$BENCH_DIR/writing"' \
+                writer "$@" > "$BENCH_DIR/writer.log" 2>&1 < /dev/null & ;;
+        ab)
+            while [ -f "$WRITING" ]; do sleep 2; done
+            local spec paths=() failed=0
+            for spec; do
+                write_model "$spec" & paths+=("$(model_path "$spec")")
+            done
+            wait
+            for spec in "${paths[@]}"; do
+                [ -f "$spec" ] || { echo "device-call: $spec was not written (its log in $BENCH_DIR)" >&2; failed=1; }
+            done
+            [ "$failed" -eq 0 ] || return 1
+            MINFER_AB_MODELS="${paths[*]}" MINFER_AB_ROUNDS=${MINFER_AB_ROUNDS:-2} bash tools/gpu-ab.sh run ;;
+        *)
+            echo "device-call: no step $name (suite, suite2, models, ab, eval)" >&2
+            return 2 ;;
+    esac
+}
+
+if [ "${1:-}" = eval ]; then
+    shift
+    eval "$*"
+    exit
+fi
+[ $# -ge 1 ] || { echo "usage: tools/device-call.sh STEP [ARGS] | eval CMD (see its header)" >&2; exit 2; }
+# The steps and their arguments: a step's name starts each group, the words after it are its arguments.
+status=0
+args=()
+current=""
+run_current() {
+    [ -n "$current" ] || return 0
+    echo "=== device-call: $current ${args[*]} ($(date +%T))"
+    step "$current" "${args[@]}" || status=1
+}
+for word; do
+    case $word in
+        suite | suite2 | models | ab)
+            run_current
+            current=$word
+            args=() ;;
+        *) args+=("$word") ;;
+    esac
+done
+run_current
+exit $status
