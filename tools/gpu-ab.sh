@@ -19,11 +19,12 @@
 # instead of the synthetic models: llama-quantize's presets that tools/bench-vs-llamacpp.sh leaves in its WORKDIR,
 # say), MINFER_AB_ROUNDS (default 4), MINFER_AB_REPS (-r, default 10), MINFER_AB_ARGS (more bench flags, default
 # -p 512 -n 128), MINFER_AB_BACKEND (default cuda; cpu builds no kernels), MINFER_CUDA_ARCHS (default native),
-# PYTHON (default python3), MINFER_AB_KERNELS (set: each round runs the kernel microbenchmark,
+# PYTHON (default python3), MINFER_AB_KERNELS (set: each round runs the working tree's kernel microbenchmark,
 # packages/minfer-kernels/bench/bench_kernels.py, on each tree's kernels instead of `minfer bench` on models; its
 # value is the microbenchmark's flags, `--dram` for the table of decode's products with their weights in DRAM, or
-# `all` for every table; the table then compares microseconds a launch, row by row). Wheels in ./.whl/ are installed first, as tools/gpu-check.sh does. Logs and the table:
-# $OUT when the device tool runs this, else build/gpu-ab.
+# `all` for every table; the table then compares microseconds a launch, row by row). Wheels in ./.whl/ are
+# installed first, as tools/gpu-check.sh does. Logs and the table: $OUT when the device tool runs this, else
+# build/gpu-ab.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
