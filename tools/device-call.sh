@@ -73,13 +73,14 @@ step() {
                 writer "$@" > "$BENCH_DIR/writer.log" 2>&1 < /dev/null & ;;
         ab)
             while [ -f "$WRITING" ]; do sleep 2; done
-            local spec paths=() failed=0
+            local spec path paths=() failed=0
             for spec; do
-                write_model "$spec" & paths+=("$(model_path "$spec")")
+                write_model "$spec" &
+                paths+=("$(model_path "$spec")")
             done
             wait
-            for spec in "${paths[@]}"; do
-                [ -f "$spec" ] || { echo "device-call: $spec was not written (its log in $BENCH_DIR)" >&2; failed=1; }
+            for path in "${paths[@]}"; do
+                [ -f "$path" ] || { echo "device-call: $path was not written (its log in $BENCH_DIR)" >&2; failed=1; }
             done
             [ "$failed" -eq 0 ] || return 1
             MINFER_AB_MODELS="${paths[*]}" MINFER_AB_ROUNDS=${MINFER_AB_ROUNDS:-2} bash tools/gpu-ab.sh run ;;
