@@ -994,8 +994,13 @@ bool prefers_format(const GemvGated<ACTIVATION>& e) {
 // How a launch of these weights runs, or false where it cannot: the GPU (sm_90+, and the shared memory x
 // needs), the types, their alignment (the copy engine reads from 16-byte boundaries) and the row length.
 //   - tiles: two per chunk where the rows still make a chunk for every SM, else one;
+//   - the budget: STAGE_BUDGET, or the block's whole shared memory past x (the room) where three stages of whole
+//     rows fit in the room but not in STAGE_BUDGET: whole rows (one copy a row, or a chunk's in one) then beat
+//     more stages of row slices (Llama-3.2-1B's Q6_K head 123 -> 75 us, its Q8_0 gate|up 17.2 -> 14.7 us: two
+//     slices a row at 160 KB; docs/PERFORMANCE.md, session 43). Elsewhere the room is left to the kernels PDL
+//     overlaps with this one;
 //   - the slice: as many whole storage blocks (of every type in the launch) as make a stage of at most a third
-//     of the stage budget (all of a row where it fits), balanced over the row's slices;
+//     of the budget (all of a row where it fits), balanced over the row's slices;
 //   - stages: as many as the budget holds, MIN_STAGES .. MAX_STAGES;
 //   - contiguous: StoreRows' chunks of whole rows, one stretch of the weight, come in one copy, unless the
 //     rows' length is a multiple of 32 bytes (Q4_0 and Q4_K at 2048 values: 1152 bytes, 9 x 128): a fragment
@@ -1024,7 +1029,6 @@ bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_
     const int slots = chunk_slots(tiles);
     const std::size_t x_bytes = QuantizedX::bytes(in_features);
     if (x_bytes + STATIC_RESERVE >= std::size_t(limit)) return false;
-    const std::size_t budget = std::min(STAGE_BUDGET, std::size_t(limit) - x_bytes - STATIC_RESERVE);
     // A slot of a slice of `values` values: its bytes in the widest type and the units around them, an odd
     // number of 16-byte units (slots 16 mod 32 bytes apart: see contiguous below).
     const auto slot_stride = [&](int values) {
@@ -1032,6 +1036,10 @@ bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_
             align_up(std::size_t(values * bytes_per_value) + WINDOW_SLACK, COPY_ALIGNMENT) / COPY_ALIGNMENT;
         return int((units | 1) * COPY_ALIGNMENT);
     };
+    const std::size_t room = std::size_t(limit) - x_bytes - STATIC_RESERVE;
+    const std::size_t whole_rows_x3 = std::size_t(slots) * slot_stride(in_features) * 3;
+    const std::size_t budget =
+        whole_rows_x3 > STAGE_BUDGET && whole_rows_x3 <= room ? room : std::min(STAGE_BUDGET, room);
     const int max_slices = in_features / granule;
     int n_slices = 1;
     while (n_slices < max_slices &&
