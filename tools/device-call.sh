@@ -21,7 +21,9 @@
 #
 # A call that must chain with the next one (a machine idle for 30 s is given back) should leave nothing to decide
 # between them: prepare every tree the next call may run (tools/gpu-ab.sh prepare) before the first, and check that
-# the working tree is the one meant (git log -1, git status) before a suite call.
+# the working tree is the one meant before a suite call. On the device `git log -1` names the commit the session
+# started from, whatever is checked out here: the commits since show as changes (`git status --short`, or grep a
+# changed line), so check here (git log -1, git status) and there with those.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
