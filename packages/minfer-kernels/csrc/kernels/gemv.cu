@@ -708,15 +708,43 @@ __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in,
 
 // ---- Launch ------------------------------------------------------------------------------------------------
 
+// The rounds ("waves") in which the GPU runs `blocks` blocks of `threads` threads of `kernel`: as many of them as
+// fit an SM at once (its registers, warps and block slots; these kernels' shared memory is a few floats) on every
+// SM, then the next as many.
+template <class Kernel>
+cudaError_t waves_of(Kernel kernel, int blocks, int threads, int& waves) {
+    int multiprocessors = 0, per_multiprocessor = 0;
+    if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
+    const cudaError_t fit = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, 0);
+    if (fit != cudaSuccess) return fit;
+    waves = ceil_div(blocks, std::max(1, per_multiprocessor * multiprocessors));
+    return cudaSuccess;
+}
+
 template <class Format, class Epilogue>
 cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
     // Rows of up to ~4 steps (896 values: 4) belong to one warp each; longer rows (4864 values: 19 steps)
     // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, in one batch where
     // RAW_BUDGET holds them (the K-quants' 5 and 6 words a step take two; a budget of 48 that made it one
-    // was slower: docs/PERFORMANCE.md, step 25).
+    // was slower: docs/PERFORMANCE.md, step 25). Unless that split takes more than one wave and a warp a group
+    // takes one: a second wave repeats every round trip of the first, where a warp walking the whole row adds
+    // only its extra batches (Llama-3.2-1B's q|k|v in Q4_K, 93 registers: 1536 blocks of two warps, 10 an SM
+    // on an H100, two waves; 384 blocks of four single-warp groups, one).
     const int n_steps = ceil_div(input.in_features, STEP_VALUES);
     GemvInput in = input;
     in.warps_per_group = std::min(GEMV_MAX_WARPS, ceil_div(n_steps, STEPS_PER_WARP));
+    if (in.warps_per_group > 1) {
+        int split_waves = 0, single_waves = 0;
+        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue>, epilogue.n_groups,
+                                                in.warps_per_group * WARP_SIZE, split_waves);
+            failed != cudaSuccess)
+            return failed;
+        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue>, ceil_div(epilogue.n_groups, GROUPS_PER_BLOCK),
+                                                GROUPS_PER_BLOCK * WARP_SIZE, single_waves);
+            failed != cudaSuccess)
+            return failed;
+        if (split_waves > 1 && single_waves == 1) in.warps_per_group = 1;
+    }
     const int groups_per_block = in.warps_per_group == 1 ? GROUPS_PER_BLOCK : 1;
     // grid.x: blocks of groups_per_block groups (each ROWS rows of W); block: 32 threads per warp, a warp
     // per group or warps_per_group warps on one group.
