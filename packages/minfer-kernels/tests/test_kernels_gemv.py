@@ -321,14 +321,11 @@ QKV_TYPES = (
 )
 
 
-@pytest.mark.parametrize(
-    ("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias", "scaled"), QKV_CASES
-)
-@pytest.mark.parametrize("types", QKV_TYPES, ids=case_id)
-def test_gemv_qkv_rope_store(
-    rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled
-):
-    d, n_ctx = max(width(t) for t in types), 37
+def check_gemv_qkv_rope_store(rng, stream, dev, types, d, case) -> None:
+    """gemv_qkv_rope_store's q, and its k and v rows at a random position of float32 caches (the other rows as
+    they were), against the normed product, its bias and the rotation in float64."""
+    n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled = case
+    n_ctx = 37
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     parts = [random_weights(rng, rows, d, t, scale=0.5) for rows, t in zip((q_dim, kv_dim, kv_dim), types, strict=True)]
     values = np.concatenate([part_values for _, part_values in parts])
@@ -371,6 +368,24 @@ def test_gemv_qkv_rope_store(
     assert_close(got_v[position], v_ref, NORM_RTOL, scale=v_cond, what="v row")
     others = np.arange(n_ctx) != position
     assert np.array_equal(got_k[others], caches[0][others]) and np.array_equal(got_v[others], caches[1][others])
+
+
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv_heads", "head_dim", "n_rot", "freq_base", "mode", "bias", "scaled"), QKV_CASES
+)
+@pytest.mark.parametrize("types", QKV_TYPES, ids=case_id)
+def test_gemv_qkv_rope_store(
+    rng, stream, dev, types, n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled
+):
+    case = (n_heads, n_kv_heads, head_dim, n_rot, freq_base, mode, bias, scaled)
+    check_gemv_qkv_rope_store(rng, stream, dev, types, max(width(t) for t in types), case)
+
+
+# Llama-3.2-1B's layer, 2048-value rows (8 warp steps) over 1536 RoPE pairs: where a split row's blocks would take
+# two waves (the types with ~90 registers or more on an H100 or H200) the launch gives each pair one warp.
+@pytest.mark.parametrize("types", [(T.Q4_0,) * 3, (T.Q4_K,) * 3, (T.Q4_K, T.Q4_K, T.Q6_K), (T.F16,) * 3], ids=case_id)
+def test_gemv_qkv_rope_store_of_a_llama_1b_layer(rng, stream, dev, types):
+    check_gemv_qkv_rope_store(rng, stream, dev, types, 2048, (32, 8, 64, 64, 5e5, kernels.ROPE_NORMAL, False, True))
 
 
 # A type a group, a super-block type, and a preset's (q and k, v) mix.

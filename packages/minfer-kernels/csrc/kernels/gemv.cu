@@ -539,10 +539,10 @@ __device__ __forceinline__ Activations load_activations(const float* x, const fl
     return a;
 }
 
-// Steps a lane loads before it uses any: as many as fit RAW_BUDGET registers for the group's rows, 1 to 4.
-template <class Format, int ROWS>
-__host__ __device__ constexpr int batch_steps() {
-    constexpr int fit = RAW_BUDGET / (ROWS * Format::RAW_WORDS);
+// Steps a lane loads before it uses any: as many as fit RAW_BUDGET registers for the group's `rows` rows of
+// `raw_words` words a step, 1 to 4.
+__host__ __device__ constexpr int batch_steps(int rows, int raw_words) {
+    const int fit = RAW_BUDGET / (rows * raw_words);
     return fit < 1 ? 1 : (fit > 4 ? 4 : fit);
 }
 
@@ -562,7 +562,7 @@ template <class Format, class Epilogue>
 __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& epilogue, int group,
                                            int warp_in_group, int lane) {
     constexpr int ROWS = Epilogue::ROWS;
-    constexpr int BATCH = batch_steps<Format, ROWS>();
+    constexpr int BATCH = batch_steps(ROWS, Format::RAW_WORDS);
     const std::uint8_t* rows[ROWS];
 #pragma unroll
     for (int k = 0; k < ROWS; ++k) rows[k] = epilogue.row(group, k);
@@ -662,6 +662,19 @@ struct IsFormatPair : std::false_type {};
 template <class QkFormat, int QK_TYPE, class VFormat>
 struct IsFormatPair<FormatPair<QkFormat, QK_TYPE, VFormat>> : std::true_type {};
 
+// The words a step of Format loads, for planning a launch: a pair's q and k format's (most of its rows); with
+// a type per group, F32's (the widest: the fewest steps a batch, so the most batches for a warp alone).
+template <class Format>
+constexpr int planned_raw_words() {
+    if constexpr (IsFormatPair<Format>::value) {
+        return Format::Qk::RAW_WORDS;
+    } else if constexpr (std::is_same_v<Format, FormatPerGroup>) {
+        return GemvF32::RAW_WORDS;
+    } else {
+        return Format::RAW_WORDS;
+    }
+}
+
 // Block: GROUPS_PER_BLOCK warps that own a group each, or warps_per_group warps sharing one group;
 // blockIdx.x: which groups.
 template <class Format, class Epilogue>
@@ -708,15 +721,48 @@ __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in,
 
 // ---- Launch ------------------------------------------------------------------------------------------------
 
+// The rounds ("waves") in which the GPU runs `blocks` blocks of `threads` threads of `kernel`: as many of them as
+// fit an SM at once (its registers, warps and block slots; these kernels' shared memory is a few floats) on every
+// SM, then the next as many.
+template <class Kernel>
+cudaError_t waves_of(Kernel kernel, int blocks, int threads, int& waves) {
+    int multiprocessors = 0, per_multiprocessor = 0;
+    if (const cudaError_t failed = device_multiprocessors(multiprocessors); failed != cudaSuccess) return failed;
+    const cudaError_t fit = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, 0);
+    if (fit != cudaSuccess) return fit;
+    waves = ceil_div(blocks, std::max(1, per_multiprocessor * multiprocessors));
+    return cudaSuccess;
+}
+
 template <class Format, class Epilogue>
 cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
     // Rows of up to ~4 steps (896 values: 4) belong to one warp each; longer rows (4864 values: 19 steps)
     // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, in one batch where
     // RAW_BUDGET holds them (the K-quants' 5 and 6 words a step take two; a budget of 48 that made it one
-    // was slower: docs/PERFORMANCE.md, step 25).
+    // was slower: docs/PERFORMANCE.md, step 25). Unless a warp a group costs fewer round trips: a launch costs
+    // about its waves times the batches a warp loads one after another, and a split that takes two waves
+    // repeats every round trip of the first, where a warp walking the whole row adds only its extra batches
+    // (Llama-3.2-1B's q|k|v in Q4_K, 93 registers: 1536 blocks of two warps of 2 batches, 10 an SM on an H100,
+    // two waves, 4; 384 blocks of four single-warp groups of 3 batches, one wave, 3). A long row keeps its
+    // split (ffn_down's 32 steps: 8 batches or more for one warp against a few waves of one or two).
     const int n_steps = ceil_div(input.in_features, STEP_VALUES);
     GemvInput in = input;
     in.warps_per_group = std::min(GEMV_MAX_WARPS, ceil_div(n_steps, STEPS_PER_WARP));
+    if (in.warps_per_group > 1) {
+        constexpr int BATCH = batch_steps(Epilogue::ROWS, planned_raw_words<Format>());
+        int split_waves = 0, single_waves = 0;
+        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue>, epilogue.n_groups,
+                                                in.warps_per_group * WARP_SIZE, split_waves);
+            failed != cudaSuccess)
+            return failed;
+        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue>, ceil_div(epilogue.n_groups, GROUPS_PER_BLOCK),
+                                                GROUPS_PER_BLOCK * WARP_SIZE, single_waves);
+            failed != cudaSuccess)
+            return failed;
+        const int split_trips = split_waves * ceil_div(ceil_div(n_steps, in.warps_per_group), BATCH);
+        const int single_trips = single_waves * ceil_div(n_steps, BATCH);
+        if (single_trips < split_trips) in.warps_per_group = 1;
+    }
     const int groups_per_block = in.warps_per_group == 1 ? GROUPS_PER_BLOCK : 1;
     // grid.x: blocks of groups_per_block groups (each ROWS rows of W); block: 32 threads per warp, a warp
     // per group or warps_per_group warps on one group.

@@ -987,8 +987,8 @@ bool prefers_format(const StoreRows<1, ADD_RESIDUAL>&) {
     return true;
 }
 template <GateActivation ACTIVATION>
-bool prefers_format(const GemvGated<ACTIVATION>& e) {
-    return e.gate.type != GGML_Q6_K;
+bool prefers_format(const GemvGated<ACTIVATION>&) {
+    return true;
 }
 
 // How a launch of these weights runs, or false where it cannot: the GPU (sm_90+, and the shared memory x
