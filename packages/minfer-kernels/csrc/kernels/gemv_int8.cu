@@ -979,17 +979,9 @@ std::size_t align_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 // (docs/PERFORMANCE.md, session 24), it wins at 127K an SM (Llama-3.2-1B's ffn_down, 8192 x 2048: 8.1 against
 // 12.1 us in Q4_0) and above (1B's gate|up, 254K; the output heads, 1M), and loses at 66K (Qwen2.5-0.5B's
 // gate|up, 2 x 4864 x 896: 6.7 against 5.5 us) and below (1B's q|k|v, 48K; attn_output, 32K), where one memory
-// round trip per warp (gemv.cu) beats a pipeline of one or two items a block. A Q6_K gate|up is the exception
-// (25.9 against 19.8 us at 2048-value rows, session 11, when a Q6_K block took two MMAs; not measured since).
+// round trip per warp (gemv.cu) beats a pipeline of one or two items a block. Every type (a Q6_K gate|up, once
+// the exception, now 14.3 against 20.9 us at 1B: docs/PERFORMANCE.md, step 58).
 constexpr double PREFERRED_VALUES_PER_SM = 96 * 1024;
-template <bool ADD_RESIDUAL>
-bool prefers_format(const StoreRows<1, ADD_RESIDUAL>&) {
-    return true;
-}
-template <GateActivation ACTIVATION>
-bool prefers_format(const GemvGated<ACTIVATION>&) {
-    return true;
-}
 
 // How a launch of these weights runs, or false where it cannot: the GPU (sm_90+, and the shared memory x
 // needs), the types, their alignment (the copy engine reads from 16-byte boundaries) and the row length.
@@ -1079,8 +1071,7 @@ bool gemv_int8_takes(const Epilogue& epilogue, int in_features) {
 template <class Epilogue>
 bool gemv_int8_prefers(const Epilogue& epilogue, int in_features) {
     const double values = double(epilogue.n_groups) * Epilogue::ROWS * in_features;
-    return values >= PREFERRED_VALUES_PER_SM * sm_count() && prefers_format(epilogue) &&
-           gemv_int8_takes(epilogue, in_features);
+    return values >= PREFERRED_VALUES_PER_SM * sm_count() && gemv_int8_takes(epilogue, in_features);
 }
 
 template <class Epilogue>
