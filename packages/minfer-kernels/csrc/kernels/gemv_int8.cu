@@ -79,8 +79,12 @@ constexpr int MAX_STAGES = 6;                        // while the consumers mult
 constexpr std::size_t STAGE_BUDGET = 160 * 1024;     // shared memory for a block's stages, where x leaves room
 constexpr std::size_t STATIC_RESERVE = 8 * 1024;     // the kernel's static shared memory and the driver's
 constexpr int PARTS = 3;                             // int8 parts per activation
-constexpr int PART_SCALE = 128;                      // a part is the remainder of the one before, times this
+constexpr int PART_SHIFT = 7;                        // log2 of PART_SCALE
+constexpr int PART_SCALE = 1 << PART_SHIFT;          // a part is the remainder of the one before, times this
 constexpr float Q1_MAX = 127.0f;                     // the first part's range
+constexpr float SMALL_LARGEST = 0x1p-60f;            // below it a block's largest value is scaled up (quantize_x)
+constexpr float ROUNDING_MAGIC = 0x1.8p23f;          // x + this rounds x to a whole number (|x| < 2^22)
+constexpr int ROUNDING_MAGIC_BITS = 0x4B400000;      // its bits: those of x + it, less these, are that number
 constexpr int PART_PADDING = 16;                     // bytes after each part's row in shared memory (see QuantizedX)
 constexpr int COPY_ALIGNMENT = 16;                   // cp.async.bulk: addresses and sizes in 16-byte units
 constexpr int WINDOW_SLACK = 2 * COPY_ALIGNMENT;     // a slot holds its slice plus the 16-byte units around it
@@ -619,37 +623,55 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
 #pragma unroll
             for (int offset = 1; offset < 8; offset *= 2)
                 largest = fmaxf(largest, __shfl_xor_sync(FULL_WARP, largest, offset));
+            // Each value as one integer, n = rint(value / largest * 127 * 128^2) (|n| < 2^22, so adding 1.5 * 2^23
+            // to a float rounds it to a whole number: one fma), then cut into its parts: q1 = n / 128^2 rounded,
+            // q2 = the rest / 128 rounded, q3 = the rest of that, so q1 * 128^2 + q2 * 128 + q3 = n exactly.
+            // Integer adds and shifts, where rounding floats and converting them (three of each a value) go
+            // through the conversion unit at a quarter of the float rate. One division a quad, not one a value;
+            // where largest is tiny its quotient would overflow, so it and the values take the factor 2^64 first
+            // (exact: a power of two). n is the rounding of value * to_n, within an ulp or two of the exact
+            // quotient's, far below the third part's step.
+            const float boost = largest < SMALL_LARGEST ? 0x1p64f : 1.0f;
+            const float to_n = largest > 0.0f ? Q1_MAX * float(PART_SCALE * PART_SCALE) / (largest * boost) : 0.0f;
             int part[PARTS][4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                // value / largest first: 127 / largest overflows when largest is subnormal.
-                const float scaled = largest > 0.0f ? value[i] / largest * Q1_MAX : 0.0f;
-                const float q1 = rintf(scaled);
-                const float remainder = (scaled - q1) * PART_SCALE;  // exact: q1 is within 0.5 of scaled
-                const float q2 = rintf(remainder);
-                part[0][i] = int(q1);
-                part[1][i] = int(q2);
-                part[2][i] = int(rintf((remainder - q2) * PART_SCALE));
+                const int n = __float_as_int(fmaf(value[i] * boost, to_n, ROUNDING_MAGIC)) - ROUNDING_MAGIC_BITS;
+                const int q1 = (n + PART_SCALE * PART_SCALE / 2) >> (2 * PART_SHIFT);  // arithmetic shift: floor
+                const int rest = n - q1 * (PART_SCALE * PART_SCALE);
+                const int q2 = (rest + PART_SCALE / 2) >> PART_SHIFT;
+                part[0][i] = q1;
+                part[1][i] = q2;
+                part[2][i] = rest - q2 * PART_SCALE;
             }
             // Each part's sum over this lane's 4 values, then over the 4 lanes of a 16-value half, then the block.
+            // Parts 1 and 2 travel in one int (part 2 times 2^16): their sums stay within +-2048, so the low 16
+            // bits, sign-extended, are part 1's sum and the rest, shifted down, part 2's.
             int half[PARTS], whole[PARTS];
+            half[0] = part[0][0] + part[0][1] + part[0][2] + part[0][3];
+            int half_12 = (part[1][0] + part[1][1] + part[1][2] + part[1][3]) +
+                          (part[2][0] + part[2][1] + part[2][2] + part[2][3]) * 65536;
 #pragma unroll
-            for (int c = 0; c < PARTS; ++c) {
-                half[c] = part[c][0] + part[c][1] + part[c][2] + part[c][3];
-                half[c] += __shfl_xor_sync(FULL_WARP, half[c], 1);
-                half[c] += __shfl_xor_sync(FULL_WARP, half[c], 2);
-                whole[c] = half[c] + __shfl_xor_sync(FULL_WARP, half[c], 4);
+            for (int offset = 1; offset < 4; offset *= 2) {
+                half[0] += __shfl_xor_sync(FULL_WARP, half[0], offset);
+                half_12 += __shfl_xor_sync(FULL_WARP, half_12, offset);
             }
+            whole[0] = half[0] + __shfl_xor_sync(FULL_WARP, half[0], 4);
+            const int whole_12 = half_12 + __shfl_xor_sync(FULL_WARP, half_12, 4);
+            half[1] = int(std::int16_t(half_12 & 0xFFFF));
+            half[2] = (half_12 - half[1]) / 65536;
+            whole[1] = int(std::int16_t(whole_12 & 0xFFFF));
+            whole[2] = (whole_12 - whole[1]) / 65536;
             if (quad >= n_quads) continue;  // a whole 8-lane block is past the end or not: no shuffle follows
 #pragma unroll
             for (int c = 0; c < PARTS; ++c) {
-                const std::uint32_t packed = (std::uint32_t(part[c][0]) & 0xFFu) | (std::uint32_t(part[c][1] & 0xFF) << 8) |
-                                             (std::uint32_t(part[c][2] & 0xFF) << 16) |
-                                             (std::uint32_t(part[c][3] & 0xFF) << 24);
+                // Each part's low byte, in value order: values 0 and 1, 2 and 3, then the two pairs.
+                const std::uint32_t packed = __byte_perm(__byte_perm(part[c][0], part[c][1], 0x0040),
+                                                         __byte_perm(part[c][2], part[c][3], 0x0040), 0x5410);
                 *reinterpret_cast<std::uint32_t*>(q.parts + c * q.part_stride + 4 * quad) = packed;
             }
             const int block = quad / 8;
-            const float scale = largest / Q1_MAX;
+            const float scale = largest * (1.0f / Q1_MAX);
             const float half_sum = scale * (float(half[0]) + float(half[1]) / PART_SCALE +
                                             float(half[2]) / (PART_SCALE * PART_SCALE));
             if (lane % 8 == 0) {
