@@ -55,8 +55,9 @@ requires_sm90 = pytest.mark.skipif(
     reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
 )
 
-# gemv_int8.cu reads the quantized types; the float types have gemv.cu's kernel alone.
-INT8_TYPES = tuple(QUANTIZED)
+# gemv_int8.cu reads the quantized types and F16 (on the half-precision tensor cores); F32 and BF16 have gemv.cu's
+# kernel alone.
+INT8_TYPES = (*QUANTIZED, mk.GGMLType.F16)
 
 
 def with_paths(cases: list, types_of: Callable[[tuple], tuple]) -> list:
@@ -217,8 +218,8 @@ INT8_TYPE_SHAPES = [
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
 @pytest.mark.parametrize(("ggml_type", "shape"), INT8_TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
-    """The tensor-core path against float64: x in three int8 parts keeps it to 2^-22 of each block's
-    largest value, inside the float32 bound the CUDA-core GEMV is held to."""
+    """The tensor-core path against float64: x in three int8 parts (two f16 ones for F16 rows) keeps it to
+    ~2^-22 of each block's largest value, inside the float32 bound the CUDA-core GEMV is held to."""
     check_gemv(kernels.gemv_int8, rng, stream, dev, ggml_type, shape, norm)
 
 
