@@ -55,8 +55,9 @@ requires_sm90 = pytest.mark.skipif(
     reason="gemv_int8 needs sm_90 or newer (the copy engine's cp.async.bulk)",
 )
 
-# gemv_int8.cu reads the quantized types; the float types have gemv.cu's kernel alone.
-INT8_TYPES = tuple(QUANTIZED)
+# gemv_int8.cu reads the quantized types and F16 (on the half-precision tensor cores); F32 and BF16 have gemv.cu's
+# kernel alone.
+INT8_TYPES = (*QUANTIZED, mk.GGMLType.F16)
 
 
 def with_paths(cases: list, types_of: Callable[[tuple], tuple]) -> list:
@@ -217,8 +218,8 @@ INT8_TYPE_SHAPES = [
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms_norm"])
 @pytest.mark.parametrize(("ggml_type", "shape"), INT8_TYPE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
-    """The tensor-core path against float64: x in three int8 parts keeps it to 2^-22 of each block's
-    largest value, inside the float32 bound the CUDA-core GEMV is held to."""
+    """The tensor-core path against float64: x in three int8 parts (two f16 ones for F16 rows) keeps it to
+    ~2^-22 of each block's largest value, inside the float32 bound the CUDA-core GEMV is held to."""
     check_gemv(kernels.gemv_int8, rng, stream, dev, ggml_type, shape, norm)
 
 
@@ -226,7 +227,8 @@ def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
 @pytest.mark.parametrize("ggml_type", INT8_TYPES, ids=lambda t: t.name)
 def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, dev, ggml_type):
     """Blocks of x far apart in size (1e-4 .. 1e4), a block of zeros and a block with one nonzero value:
-    the parts are scaled per block, so a small block keeps its precision next to a large one."""
+    the parts are scaled per block, so a small block keeps its precision next to a large one. A block below
+    2^-60 (1e-30) alone: its values and largest value are scaled up by 2^64 before 127 / largest is taken."""
     in_features, out_features = 256, 16411
     raw, values = weights(ggml_type, out_features, in_features)
     x = randn(rng, in_features)
@@ -240,16 +242,17 @@ def test_gemv_int8_keeps_each_blocks_small_values_and_zero_blocks(rng, stream, d
     got = from_device(y, out_features, np.float32, stream)
     rtol = MATMUL_RTOL[ggml_type]
     assert_close(got, residual + product, rtol, scale=condition + np.abs(residual), what=f"{ggml_type.name}")
-    # The 1e-4 block alone, against its own condition: a block's scale is its own largest value.
-    x_small = np.zeros_like(x)
-    x_small[:32] = x[:32]
-    y_small = poisoned(out_features, np.float32, stream)
-    kernels.gemv_int8(
-        dev(raw), ggml_type, dev(x_small), 0, EPS, 0, y_small.ptr, in_features, out_features, stream.handle
-    )
-    small, small_condition = references(values, x_small)
-    got_small = from_device(y_small, out_features, np.float32, stream)
-    assert_close(got_small, small, rtol, scale=small_condition, what=f"{ggml_type.name}, the 1e-4 block alone")
+    # A small block alone, against its own condition: a block's scale is its own largest value.
+    for size, block_x in (("1e-4", x[:32]), ("1e-30", randn(rng, 32, scale=1e-30))):
+        x_small = np.zeros_like(x)
+        x_small[:32] = block_x
+        y_small = poisoned(out_features, np.float32, stream)
+        kernels.gemv_int8(
+            dev(raw), ggml_type, dev(x_small), 0, EPS, 0, y_small.ptr, in_features, out_features, stream.handle
+        )
+        small, small_condition = references(values, x_small)
+        got_small = from_device(y_small, out_features, np.float32, stream)
+        assert_close(got_small, small, rtol, scale=small_condition, what=f"{ggml_type.name}, a {size} block alone")
 
 
 @requires_sm90

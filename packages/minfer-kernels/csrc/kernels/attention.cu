@@ -185,8 +185,10 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
 // again here: two roundings where the CPU backend, which norms before it stores, has one (a raw value past
 // 65504 would also become infinite before its norm: session 35's branch wrote raw k to a float32 row beside q
 // instead, and stored the normed row once; docs/PERFORMANCE.md).
+// One block an SM (the binder's splits make the grid about a wave of them), so the bounds let a thread have any
+// registers: with the block size alone ptxas kept some instantiations to 128 and spilled (head 128 96 bytes).
 template <int HEAD_DIM, bool HEAD_NORM, typename T>
-__global__ void __launch_bounds__(DECODE_THREADS)
+__global__ void __launch_bounds__(DECODE_THREADS, 1)
     attention_decode(const float* __restrict__ q, T* __restrict__ k_cache, const T* __restrict__ v_cache,
                      float* __restrict__ out, const int* __restrict__ kv_len_ptr, int* __restrict__ counters,
                      float4* __restrict__ partial_acc, float2* __restrict__ partial_stats, int group_size, int kv_dim,

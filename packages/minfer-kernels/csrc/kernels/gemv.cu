@@ -844,7 +844,7 @@ WeightPart weight_part(const void* weight, int type, int in_features, int n_rows
 }
 
 // A launch that gemv_int8.cu prefers (sm_90+, its types, 16-byte aligned weights, rows of whole blocks, and
-// rows enough for every SM) runs there, on the integer tensor cores: true, with the launch's result.
+// rows enough for every SM) runs there, on the tensor cores: true, with the launch's result.
 template <class Epilogue>
 bool int8_launch(const Epilogue& epilogue, const GemvInput& in, cudaStream_t stream, cudaError_t& result) {
     if (!gemv_int8_prefers(epilogue, in.in_features)) return false;

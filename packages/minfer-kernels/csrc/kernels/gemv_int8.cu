@@ -1,8 +1,9 @@
 // One-token GEMVs on the integer tensor cores, with the weights staged through shared memory by the copy
 // engine (sm_90): the products of a decode step with many weights an SM (the output head, a 1B model's gate|up
-// and ffn_down) whose weights are in a quantized format, with gemv.cu's epilogues (gemv_epilogues.cuh):
+// and ffn_down) whose weights are in a quantized format, with gemv.cu's epilogues (gemv_epilogues.cuh); and the
+// same pipeline for F16 weights on the half-precision tensor cores (F16Rows, SplitX, slice_products_f16):
 //
-//     y = W norm(x)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS;
+//     y = W norm(x)      W: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS or F16;
 //                        norm: RMSNorm with its weight, or nothing
 //     then the epilogue: store y (plus a residual: StoreRows<1, *>), or SwiGLU or GeGLU of a gate/up pair
 //     (GemvGated)
@@ -58,6 +59,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "bulk_copy.cuh"
 #include "common.cuh"
@@ -79,8 +81,12 @@ constexpr int MAX_STAGES = 6;                        // while the consumers mult
 constexpr std::size_t STAGE_BUDGET = 160 * 1024;     // shared memory for a block's stages, where x leaves room
 constexpr std::size_t STATIC_RESERVE = 8 * 1024;     // the kernel's static shared memory and the driver's
 constexpr int PARTS = 3;                             // int8 parts per activation
-constexpr int PART_SCALE = 128;                      // a part is the remainder of the one before, times this
+constexpr int PART_SHIFT = 7;                        // log2 of PART_SCALE
+constexpr int PART_SCALE = 1 << PART_SHIFT;          // a part is the remainder of the one before, times this
 constexpr float Q1_MAX = 127.0f;                     // the first part's range
+constexpr float SMALL_LARGEST = 0x1p-60f;            // below it a block's largest value is scaled up (quantize_x)
+constexpr float ROUNDING_MAGIC = 0x1.8p23f;          // x + this rounds x to a whole number (|x| < 2^22)
+constexpr int ROUNDING_MAGIC_BITS = 0x4B400000;      // its bits: those of x + it, less these, are that number
 constexpr int PART_PADDING = 16;                     // bytes after each part's row in shared memory (see QuantizedX)
 constexpr int COPY_ALIGNMENT = 16;                   // cp.async.bulk: addresses and sizes in 16-byte units
 constexpr int WINDOW_SLACK = 2 * COPY_ALIGNMENT;     // a slot holds its slice plus the 16-byte units around it
@@ -112,6 +118,7 @@ __host__ __device__ inline StorageBlock storage_block(int type) {
         case GGML_Q5_K: return {QK_K, int(sizeof(BlockQ5_K))};
         case GGML_Q6_K: return {QK_K, int(sizeof(BlockQ6_K))};
         case GGML_IQ4_XS: return {QK_K, int(sizeof(BlockIQ4_XS))};
+        case GGML_F16: return {QK, QK * int(sizeof(__half))};
         default: return {0, 0};
     }
 }
@@ -416,6 +423,13 @@ struct Int8IQ4_XS {
     __device__ static float scale(const Raw& w) { return w.scale; }
 };
 
+// F16 rows, on the half-precision tensor cores instead (mma.m16n8k16, float32 sums; slice_products_f16): a row's
+// values are the A operand as stored, so the format has nothing to decode, and x goes in as two f16 parts
+// (SplitX) instead of three int8 ones.
+struct F16Rows {
+    static constexpr int STEP_BLOCKS = 1;
+};
+
 // ---- x, quantized into shared memory ---------------------------------------------------------------------
 
 // Per 32-value block b of x: the sums of each part's values (the zero points' accumulator start; a fourth, 0,
@@ -450,6 +464,31 @@ struct QuantizedX {
     }
 };
 
+// x for F16 rows (prepare_x): each 32-value block times the power of two that brings its largest magnitude into
+// [1, 2), split into two f16 parts, hi = f16(x) and lo = f16(x - hi): f16's 11 bits twice keep x to ~2^-22 of
+// that largest value (a lo below f16's normal range loses bits only under 2^-24 of it). The parts are B's columns
+// 0 and 1 of the block's MMAs; `scales` holds each block's inverse power.
+struct SplitX {
+    __half* hi;     // [in_features]
+    __half* lo;     // [in_features]
+    float* scales;  // [n_blocks]
+
+    __host__ __device__ static std::size_t bytes(int in_features) {
+        return std::size_t(in_features) * 2 * sizeof(__half) + std::size_t(in_features / QK) * sizeof(float);
+    }
+    __device__ static SplitX in(std::uint8_t* shared, int in_features) {
+        SplitX s;
+        s.hi = reinterpret_cast<__half*>(shared);
+        s.lo = s.hi + in_features;
+        s.scales = reinterpret_cast<float*>(s.lo + in_features);
+        return s;
+    }
+};
+
+// The form x takes in shared memory for a format's products.
+template <class Format>
+using XOf = std::conditional_t<std::is_same_v<Format, F16Rows>, SplitX, QuantizedX>;
+
 // The consumer warps' barrier (named barrier 1): the producer goes its own way.
 __device__ __forceinline__ void sync_consumers() {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * WARP_SIZE) : "memory");
@@ -479,6 +518,20 @@ __device__ __forceinline__ void mma_int8(int (&d)[4], const std::uint32_t (&a)[4
 #else
     __trap();
     d[0] = d[1] = d[2] = d[3] = 0;
+#endif
+}
+
+// d = a b + d over one 16 x 8 x 16 tile: A 16 x 16 f16 (row), B 16 x 8 f16 (column), float32 sums. Lane (g, t)
+// holds a = {row g, k 2t, 2t+1; row g+8, the same k; row g, k 2t+8, 2t+9; row g+8, the same}, b = {k 2t, 2t+1;
+// k 2t+8, 2t+9; column g}, d = {row g, columns 2t, 2t+1; row g+8, the same columns}.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+#if MINFER_SM90
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
 #endif
 }
 
@@ -588,13 +641,17 @@ __device__ void fetch_item(const Int8Launch& launch, const Epilogue& epilogue, i
 
 // ---- x, quantized ------------------------------------------------------------------------------------------
 
-// Quantizes x (times the norm weight) into `q` and returns this lane's share of sum x^2 (the raw x, for the
-// norm). Lane l of a warp takes values 4l .. 4l + 3 of a stretch of 128 (a float4), so lanes 8b .. 8b + 7 hold
-// 32-value block b of it; the consumer warps take stretches CONSUMERS apart, BATCH of them loaded before any is
-// used (one memory round trip for x's 8192 values, not 32).
+// Visits x (times the norm weight) a float4 a lane and returns this lane's share of sum x^2 (the raw x, for the
+// norm). Lane l of a warp takes values 4l .. 4l + 3 of a stretch of 128, so lanes 8b .. 8b + 7 hold 32-value
+// block b of it; the consumer warps take stretches CONSUMERS apart, X_BATCH of them loaded before any is used
+// (one memory round trip for x's 8192 values, not 32). For each stretch every lane of the warp calls
+// visit(quad, value, largest, in_x): its float4's index, its four values, the largest magnitude of their block
+// (the 8 lanes' maximum) and whether the float4 is in x (a whole 8-lane block is or is not, so a visit may
+// shuffle within its 8 lanes before it leaves those that are not).
 constexpr int X_BATCH = 4;
 
-__device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int warp, int lane) {
+template <class Visit>
+__device__ float visit_x(const Int8Launch& launch, int warp, int lane, const Visit& visit) {
     const float4* x = reinterpret_cast<const float4*>(launch.x);
     const float4* g = reinterpret_cast<const float4*>(launch.norm_weight);
     const int n_quads = launch.in_features / 4;  // whole blocks: a multiple of 8
@@ -619,54 +676,102 @@ __device__ float quantize_x(const Int8Launch& launch, const QuantizedX& q, int w
 #pragma unroll
             for (int offset = 1; offset < 8; offset *= 2)
                 largest = fmaxf(largest, __shfl_xor_sync(FULL_WARP, largest, offset));
-            int part[PARTS][4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                // value / largest first: 127 / largest overflows when largest is subnormal.
-                const float scaled = largest > 0.0f ? value[i] / largest * Q1_MAX : 0.0f;
-                const float q1 = rintf(scaled);
-                const float remainder = (scaled - q1) * PART_SCALE;  // exact: q1 is within 0.5 of scaled
-                const float q2 = rintf(remainder);
-                part[0][i] = int(q1);
-                part[1][i] = int(q2);
-                part[2][i] = int(rintf((remainder - q2) * PART_SCALE));
-            }
-            // Each part's sum over this lane's 4 values, then over the 4 lanes of a 16-value half, then the block.
-            int half[PARTS], whole[PARTS];
-#pragma unroll
-            for (int c = 0; c < PARTS; ++c) {
-                half[c] = part[c][0] + part[c][1] + part[c][2] + part[c][3];
-                half[c] += __shfl_xor_sync(FULL_WARP, half[c], 1);
-                half[c] += __shfl_xor_sync(FULL_WARP, half[c], 2);
-                whole[c] = half[c] + __shfl_xor_sync(FULL_WARP, half[c], 4);
-            }
-            if (quad >= n_quads) continue;  // a whole 8-lane block is past the end or not: no shuffle follows
-#pragma unroll
-            for (int c = 0; c < PARTS; ++c) {
-                const std::uint32_t packed = (std::uint32_t(part[c][0]) & 0xFFu) | (std::uint32_t(part[c][1] & 0xFF) << 8) |
-                                             (std::uint32_t(part[c][2] & 0xFF) << 16) |
-                                             (std::uint32_t(part[c][3] & 0xFF) << 24);
-                *reinterpret_cast<std::uint32_t*>(q.parts + c * q.part_stride + 4 * quad) = packed;
-            }
-            const int block = quad / 8;
-            const float scale = largest / Q1_MAX;
-            const float half_sum = scale * (float(half[0]) + float(half[1]) / PART_SCALE +
-                                            float(half[2]) / (PART_SCALE * PART_SCALE));
-            if (lane % 8 == 0) {
-                q.scales[block] = scale;
-                q.half_sums[block].x = half_sum;
-                *reinterpret_cast<int4*>(q.part_sums + 4 * block) = make_int4(whole[0], whole[1], whole[2], 0);
-            } else if (lane % 8 == 4) {
-                q.half_sums[block].y = half_sum;
-            }
-            if (lane % 4 == 0) {  // lane 8b: the low half's sums, lane 8b + 4: the high half's
-                int* sums = q.half_part_sums + 8 * block + (lane % 8) / 2;
-                *reinterpret_cast<int2*>(sums) = make_int2(half[0], half[1]);
-                *reinterpret_cast<int2*>(sums + 4) = make_int2(half[2], 0);
-            }
+            visit(quad, value, largest, quad < n_quads);
         }
     }
     return squares;
+}
+
+// Quantizes x into `q` (QuantizedX) and returns this lane's share of sum x^2.
+__device__ float prepare_x(const Int8Launch& launch, const QuantizedX& q, int warp, int lane) {
+    return visit_x(launch, warp, lane, [&](int quad, const float (&value)[4], float largest, bool in_x) {
+        // Each value as one integer, n = rint(value / largest * 127 * 128^2) (|n| < 2^22, so adding 1.5 * 2^23
+        // to a float rounds it to a whole number: one fma), then cut into its parts: q1 = n / 128^2 rounded,
+        // q2 = the rest / 128 rounded, q3 = the rest of that, so q1 * 128^2 + q2 * 128 + q3 = n exactly.
+        // Integer adds and shifts, where rounding floats and converting them (three of each a value) go
+        // through the conversion unit at a quarter of the float rate. One division a quad, not one a value;
+        // where largest is tiny its quotient would overflow, so it and the values take the factor 2^64 first
+        // (exact: a power of two). n is the rounding of value * to_n, within an ulp or two of the exact
+        // quotient's, far below the third part's step.
+        const float boost = largest < SMALL_LARGEST ? 0x1p64f : 1.0f;
+        const float to_n = largest > 0.0f ? Q1_MAX * float(PART_SCALE * PART_SCALE) / (largest * boost) : 0.0f;
+        int part[PARTS][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = __float_as_int(fmaf(value[i] * boost, to_n, ROUNDING_MAGIC)) - ROUNDING_MAGIC_BITS;
+            const int q1 = (n + PART_SCALE * PART_SCALE / 2) >> (2 * PART_SHIFT);  // arithmetic shift: floor
+            const int rest = n - q1 * (PART_SCALE * PART_SCALE);
+            const int q2 = (rest + PART_SCALE / 2) >> PART_SHIFT;
+            part[0][i] = q1;
+            part[1][i] = q2;
+            part[2][i] = rest - q2 * PART_SCALE;
+        }
+        // Each part's sum over this lane's 4 values, then over the 4 lanes of a 16-value half, then the block.
+        // Parts 1 and 2 travel in one int (part 2 times 2^16): their sums stay within +-2048, so the low 16
+        // bits, sign-extended, are part 1's sum and the rest, shifted down, part 2's.
+        int half[PARTS], whole[PARTS];
+        half[0] = part[0][0] + part[0][1] + part[0][2] + part[0][3];
+        int half_12 = (part[1][0] + part[1][1] + part[1][2] + part[1][3]) +
+                      (part[2][0] + part[2][1] + part[2][2] + part[2][3]) * 65536;
+#pragma unroll
+        for (int offset = 1; offset < 4; offset *= 2) {
+            half[0] += __shfl_xor_sync(FULL_WARP, half[0], offset);
+            half_12 += __shfl_xor_sync(FULL_WARP, half_12, offset);
+        }
+        whole[0] = half[0] + __shfl_xor_sync(FULL_WARP, half[0], 4);
+        const int whole_12 = half_12 + __shfl_xor_sync(FULL_WARP, half_12, 4);
+        half[1] = int(std::int16_t(half_12 & 0xFFFF));
+        half[2] = (half_12 - half[1]) / 65536;
+        whole[1] = int(std::int16_t(whole_12 & 0xFFFF));
+        whole[2] = (whole_12 - whole[1]) / 65536;
+        if (!in_x) return;  // a whole 8-lane block is past the end or not: no shuffle follows
+#pragma unroll
+        for (int c = 0; c < PARTS; ++c) {
+            // Each part's low byte, in value order: values 0 and 1, 2 and 3, then the two pairs.
+            const std::uint32_t packed = __byte_perm(__byte_perm(part[c][0], part[c][1], 0x0040),
+                                                     __byte_perm(part[c][2], part[c][3], 0x0040), 0x5410);
+            *reinterpret_cast<std::uint32_t*>(q.parts + c * q.part_stride + 4 * quad) = packed;
+        }
+        const int block = quad / 8;
+        const float scale = largest * (1.0f / Q1_MAX);
+        const float half_sum = scale * (float(half[0]) + float(half[1]) / PART_SCALE +
+                                        float(half[2]) / (PART_SCALE * PART_SCALE));
+        if (lane % 8 == 0) {
+            q.scales[block] = scale;
+            q.half_sums[block].x = half_sum;
+            *reinterpret_cast<int4*>(q.part_sums + 4 * block) = make_int4(whole[0], whole[1], whole[2], 0);
+        } else if (lane % 8 == 4) {
+            q.half_sums[block].y = half_sum;
+        }
+        if (lane % 4 == 0) {  // lane 8b: the low half's sums, lane 8b + 4: the high half's
+            int* sums = q.half_part_sums + 8 * block + (lane % 8) / 2;
+            *reinterpret_cast<int2*>(sums) = make_int2(half[0], half[1]);
+            *reinterpret_cast<int2*>(sums + 4) = make_int2(half[2], 0);
+        }
+    });
+}
+
+// Splits x into `s` (SplitX) and returns this lane's share of sum x^2: each value times its block's power of two
+// 2^(127 - e), e the biased exponent of the block's largest magnitude (kept within 1 .. 253, so the power and its
+// inverse are normal floats), which brings that largest value into [1, 2); hi its f16 rounding, lo the f16
+// rounding of what hi leaves (packed conversions: two values an instruction).
+__device__ float prepare_x(const Int8Launch& launch, const SplitX& s, int warp, int lane) {
+    return visit_x(launch, warp, lane, [&](int quad, const float (&value)[4], float largest, bool in_x) {
+        if (!in_x) return;
+        const int e = min(max(__float_as_int(largest) >> 23, 1), 253);
+        const float down = __int_as_float((254 - e) << 23);
+        const float2 v01 = make_float2(value[0] * down, value[1] * down);
+        const float2 v23 = make_float2(value[2] * down, value[3] * down);
+        const __half2 hi01 = __float22half2_rn(v01), hi23 = __float22half2_rn(v23);
+        const float2 back01 = __half22float2(hi01), back23 = __half22float2(hi23);
+        const __half2 lo01 = __float22half2_rn(make_float2(v01.x - back01.x, v01.y - back01.y));
+        const __half2 lo23 = __float22half2_rn(make_float2(v23.x - back23.x, v23.y - back23.y));
+        *reinterpret_cast<__half2*>(s.hi + 4 * quad) = hi01;
+        *reinterpret_cast<__half2*>(s.hi + 4 * quad + 2) = hi23;
+        *reinterpret_cast<__half2*>(s.lo + 4 * quad) = lo01;
+        *reinterpret_cast<__half2*>(s.lo + 4 * quad + 2) = lo23;
+        if (lane % 8 == 0) s.scales[quad / 8] = __int_as_float(e << 23);  // 2^(e - 127): undoes the block's power
+    });
 }
 
 // ---- The products -----------------------------------------------------------------------------------------
@@ -789,6 +894,38 @@ __device__ __forceinline__ void slice_products(const std::uint8_t* const (&rows)
     }
 }
 
+// The products of steps begin .. end - 1 (32-value blocks) of a staged F16 slice, as slice_products' for the other
+// formats. A block is two MMAs whose k are its 32 values, permuted alike in A and B so that lane t's are values
+// 8t .. 8t + 7, one 16-byte load a row: 8t .. 8t + 3 the first MMA's k 2t, 2t + 1, 2t + 8, 2t + 9, and 8t + 4 ..
+// 8t + 7 the second's. B's column 0 is x's hi part, column 1 its lo part, the others zero, so lane t = 0 of group
+// g holds rows g's and g + 8's sums over hi and over lo; their sum times the block's power goes to sums[tile][h]
+// (nothing on lanes t > 0, whose columns are zero).
+__device__ __forceinline__ void slice_products_f16(const std::uint8_t* const (&rows)[MAX_TILES][2], int tiles,
+                                                   int begin, int end, int x_first, const SplitX& s, int g, int t,
+                                                   float (&sums)[MAX_TILES][2]) {
+    const __half* column = g == 0 ? s.hi : s.lo;  // B's column g: hi, lo, then zeros
+    constexpr int BLOCK_BYTES = QK * int(sizeof(__half));
+#pragma unroll 2
+    for (int step = begin; step < end; ++step) {
+        const int xb = x_first + step;
+        const uint4 b = g < 2 ? *reinterpret_cast<const uint4*>(column + xb * QK + 8 * t) : make_uint4(0u, 0u, 0u, 0u);
+        const float power = s.scales[xb];
+#pragma unroll
+        for (int tile = 0; tile < MAX_TILES; ++tile) {
+            if (tile >= tiles) break;
+            const uint4 w0 = *reinterpret_cast<const uint4*>(rows[tile][0] + step * BLOCK_BYTES + 16 * t);
+            const uint4 w1 = *reinterpret_cast<const uint4*>(rows[tile][1] + step * BLOCK_BYTES + 16 * t);
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const std::uint32_t first[4] = {w0.x, w1.x, w0.y, w1.y};
+            mma_f16(d, first, b.x, b.y);
+            const std::uint32_t second[4] = {w0.z, w1.z, w0.w, w1.w};
+            mma_f16(d, second, b.z, b.w);
+            sums[tile][0] += (d[0] + d[1]) * power;
+            sums[tile][1] += (d[2] + d[3]) * power;
+        }
+    }
+}
+
 // ---- The kernel ---------------------------------------------------------------------------------------------
 
 // Block: CONSUMERS warps that multiply (each slice of a chunk split among them) and the PRODUCER warp that keeps
@@ -836,8 +973,8 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
     wait_for_previous_kernel();
     allow_next_kernel();
 
-    const QuantizedX q = QuantizedX::in(shared + launch.stages * stage_bytes, launch.in_features);
-    const float squares = warp_sum(quantize_x(launch, q, warp, lane));
+    const XOf<Format> q = XOf<Format>::in(shared + launch.stages * stage_bytes, launch.in_features);
+    const float squares = warp_sum(prepare_x(launch, q, warp, lane));
     if (lane == 0) warp_squares[warp] = squares;
     wait_for_x_and_barriers();
 
@@ -870,7 +1007,11 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE, 1) gemv_int8(Int8Launch lau
         // The slice's steps split among the consumers (a K-quant slice is whole super-blocks: whole pairs).
         const int n_steps = min(launch.slice_values, launch.in_features - first) / QK / Format::STEP_BLOCKS;
         const int begin = warp * n_steps / CONSUMERS, end = (warp + 1) * n_steps / CONSUMERS;
-        slice_products<Format>(rows, launch.tiles, begin, end, first / QK, q, g, t, sums);
+        if constexpr (std::is_same_v<Format, F16Rows>) {
+            slice_products_f16(rows, launch.tiles, begin, end, first / QK, q, g, t, sums);
+        } else {
+            slice_products<Format>(rows, launch.tiles, begin, end, first / QK, q, g, t, sums);
+        }
         __syncwarp();
         if (lane == 0) arrive(&empty[stage]);  // this warp is done with the stage
 
@@ -924,6 +1065,7 @@ Int8Kernel<Epilogue> kernel_for(int type) {
         case GGML_Q5_K: return gemv_int8<Int8Q5_K, Epilogue>;
         case GGML_Q6_K: return gemv_int8<Int8Q6_K, Epilogue>;
         case GGML_IQ4_XS: return gemv_int8<Int8IQ4_XS, Epilogue>;
+        case GGML_F16: return gemv_int8<F16Rows, Epilogue>;
         default: return nullptr;
     }
 }
@@ -1019,7 +1161,9 @@ bool plan_launch(const Epilogue& epilogue, const LaunchWeights& weights, int in_
     const int total_slots = epilogue.n_groups * Epilogue::ROWS;
     const int tiles = ceil_div(total_slots, chunk_slots(MAX_TILES)) >= sms ? MAX_TILES : 1;
     const int slots = chunk_slots(tiles);
-    const std::size_t x_bytes = QuantizedX::bytes(in_features);
+    // x's form in shared memory (the parts' types are one: kernel_of).
+    const std::size_t x_bytes =
+        weights.parts[0].type == GGML_F16 ? SplitX::bytes(in_features) : QuantizedX::bytes(in_features);
     if (x_bytes + STATIC_RESERVE >= std::size_t(limit)) return false;
     // A slot of a slice of `values` values: its bytes in the widest type and the units around them, an odd
     // number of 16-byte units (slots 16 mod 32 bytes apart: see contiguous below).
@@ -1116,9 +1260,9 @@ extern "C" cudaError_t launch_gemv_int8(const void* weight, int type, const floa
                                         float eps, const float* residual, float* y, int in_features, int out_features,
                                         cudaStream_t stream) {
     constexpr const char* REFUSAL =
-        "type must be Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL (rows of whole 32-value blocks) or Q2_K, Q3_K, Q4_K, "
-        "Q5_K, Q6_K or IQ4_XS (rows of whole 256-value super-blocks), the weight 16-byte aligned, x's quantized "
-        "parts and two stages fitting shared memory, and the GPU sm_90 or newer";
+        "type must be F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or IQ4_NL (rows of whole 32-value blocks) or Q2_K, Q3_K, "
+        "Q4_K, Q5_K, Q6_K or IQ4_XS (rows of whole 256-value super-blocks), the weight 16-byte aligned, x's parts "
+        "and two stages fitting shared memory, and the GPU sm_90 or newer";
     if (out_features <= 0) return minfer_refuse("out_features must be positive");
     if (row_bytes(type, in_features) < 0) return minfer_refuse(REFUSAL);
     const WeightPart part{static_cast<const std::uint8_t*>(weight), row_bytes(type, in_features), type, out_features};
