@@ -1121,8 +1121,8 @@ std::size_t align_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 // (docs/PERFORMANCE.md, session 24), it wins at 127K an SM (Llama-3.2-1B's ffn_down, 8192 x 2048: 8.1 against
 // 12.1 us in Q4_0) and above (1B's gate|up, 254K; the output heads, 1M), and loses at 66K (Qwen2.5-0.5B's
 // gate|up, 2 x 4864 x 896: 6.7 against 5.5 us) and below (1B's q|k|v, 48K; attn_output, 32K), where one memory
-// round trip per warp (gemv.cu) beats a pipeline of one or two items a block. Every type (a Q6_K gate|up, once
-// the exception, now 14.3 against 20.9 us at 1B: docs/PERFORMANCE.md, step 58).
+// round trip per warp (gemv.cu) beats a pipeline of one or two items a block. The rule holds for every type: a
+// Q6_K gate|up, once the exception, takes 14.3 against 20.9 us here at 1B (docs/PERFORMANCE.md, step 58).
 constexpr double PREFERRED_VALUES_PER_SM = 96 * 1024;
 
 // How a launch of these weights runs, or false where it cannot: the GPU (sm_90+, and the shared memory x
