@@ -76,6 +76,9 @@ for model in "${MODELS[@]}"; do
 done
 
 LOGS=${OUT:-build/gpu-ab}
+# The builds' and model writers' logs go back as one archive: the device tool returns at most 8 files a call, and
+# a call may hold two A/Bs.
+JOB_LOGS=$(mktemp -d)
 mkdir -p "$LOGS"
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MINFER_CUDA_ARCHS=${MINFER_CUDA_ARCHS:-native}
@@ -108,7 +111,7 @@ build() {  # build NAME: a tree's packages, this tree's into the environment, a 
     fi
 }
 for name in "${NAMES[@]}"; do
-    build "$name" > "$LOGS/build-$name.log" 2>&1 &
+    build "$name" > "$JOB_LOGS/build-$name.log" 2>&1 &
     JOBS+=("$!:build-$name")
 done
 if [ -z "${MINFER_AB_MODELS:-}" ] && [ -z "${MINFER_AB_KERNELS:-}" ]; then
@@ -123,13 +126,16 @@ if [ -z "${MINFER_AB_MODELS:-}" ] && [ -z "${MINFER_AB_KERNELS:-}" ]; then
         [ -f "$model" ] && continue
         PYTHONPATH=packages/minfer-runtime/src${PYTHONPATH:+:$PYTHONPATH} "$PYTHON" -m minfer.testing.synthetic \
             "$model" --preset "${MINFER_AB_PRESET:-qwen2.5-0.5b}" --weight-type "$weight_type" "${head[@]}" \
-            > "$LOGS/synthetic-$weight_type.log" 2>&1 &
+            > "$JOB_LOGS/synthetic-$weight_type.log" 2>&1 &
         JOBS+=("$!:synthetic-$weight_type")
     done
 fi
+failed=
 for job in "${JOBS[@]}"; do
-    wait "${job%%:*}" || { tail -30 "$LOGS/${job#*:}.log"; exit 1; }
+    wait "${job%%:*}" || { tail -30 "$JOB_LOGS/${job#*:}.log"; failed=${job#*:}; }
 done
+tar czf "$LOGS/job-logs.tar.gz" -C "$JOB_LOGS" .
+[ -z "$failed" ] || exit 1
 
 # bench TREE MODEL ROUND: one `minfer bench` of one tree, its header and result rows tagged with the tree, the round
 # and the model's file name (each tree's own header: a tree's bench may write fields another's does not).
