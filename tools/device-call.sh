@@ -17,6 +17,10 @@
 #   ab SPEC...     tools/gpu-ab.sh run on those models (written first where missing, after any background writer
 #                  is done); its knobs pass through (MINFER_AB_ROUNDS defaults to 2 here); with MINFER_AB_KERNELS
 #                  set, no SPEC: the microbenchmark instead of models
+#   timeline SPEC...
+#                  this tree built and installed (gpu-check.sh's build and install, none of its steps), then
+#                  tools/timeline.py on each model at each of MINFER_TIMELINE_DEPTHS (default "0 2048"): the decode
+#                  step's kernels as the GPU overlaps them
 #   eval CMD       CMD in this environment
 #
 # A call that must chain with the next one (a machine idle for 30 s is given back) should leave nothing to decide
@@ -86,8 +90,21 @@ step() {
             done
             [ "$failed" -eq 0 ] || return 1
             MINFER_AB_MODELS="${paths[*]}" MINFER_AB_ROUNDS=${MINFER_AB_ROUNDS:-2} bash tools/gpu-ab.sh run ;;
+        timeline)
+            MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/timeline-build.log" 2>&1 \
+                || { tail -30 "$BENCH_DIR/timeline-build.log"; return 1; }
+            while [ -f "$WRITING" ]; do sleep 2; done
+            local spec depth failed=0
+            for spec; do
+                write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
+                for depth in ${MINFER_TIMELINE_DEPTHS:-0 2048}; do
+                    echo "--- $spec at depth $depth"
+                    "$PYTHON" tools/timeline.py "$(model_path "$spec")" -d "$depth" || failed=1
+                done
+            done
+            return $failed ;;
         *)
-            echo "device-call: no step $name (suite, suite2, models, ab, eval)" >&2
+            echo "device-call: no step $name (suite, suite2, models, ab, timeline, eval)" >&2
             return 2 ;;
     esac
 }
@@ -109,7 +126,7 @@ run_current() {
 }
 for word; do
     case $word in
-        suite | suite2 | models | ab)
+        suite | suite2 | models | ab | timeline)
             run_current
             current=$word
             args=() ;;
