@@ -187,9 +187,12 @@ def step_period(steps: list[list[Kernel]]) -> float:
 
 
 def report(trace: dict) -> str:
-    steps = decode_steps(kernel_events(trace))
+    kernels = kernel_events(trace)
+    steps = decode_steps(kernels)
     if not steps:
-        raise SystemExit(f"timeline: no decode step in the trace (no `{STEP_FIRST_KERNEL}` kernel)")
+        raise SystemExit(
+            f"timeline: no decode step in the trace (no `{STEP_FIRST_KERNEL}` kernel among its {len(kernels)} kernels)"
+        )
     placed = [place(step) for step in steps]
     return layer_table(placed) + "\n\n" + step_table(placed, step_period(steps))
 
