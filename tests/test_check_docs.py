@@ -3,26 +3,21 @@ may point outside the repository or keep a run-on-gpu.sh placeholder."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from tool_modules import tool_module
 
 
 @pytest.fixture
-def check_docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def check_docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """tools/check_docs.py with its repository root moved to an empty tmp_path."""
-    spec = importlib.util.spec_from_file_location("check_docs_under_test", REPO / "tools" / "check_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "ROOT", tmp_path)
-    return module
+    with tool_module("check_docs") as module:
+        monkeypatch.setattr(module, "ROOT", tmp_path)
+        yield module
 
 
 def write(root: Path, path: str, text: str) -> Path:

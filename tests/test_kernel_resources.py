@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tool_modules import tool_module
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tools" / "kernel_resources.py"
@@ -24,14 +24,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def tool():
     """The tool as a module, for its pure functions."""
-    spec = importlib.util.spec_from_file_location("kernel_resources_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks the module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    with tool_module("kernel_resources") as module:
+        yield module
 
 
 def test_a_kernel_name_loses_its_parameter_list_and_keeps_its_template_arguments(tool):

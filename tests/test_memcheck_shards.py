@@ -3,29 +3,23 @@ Here the sanitizer is a stand-in that runs the command and prints compute-saniti
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tool_modules import tool_module
 
-REPO = Path(__file__).resolve().parents[1]
 # Runs the shard's pytest, then says what compute-sanitizer says when it found nothing, keeping pytest's exit code.
 CLEAN_SANITIZER = 'sh -c \'"$@"; code=$?; echo "========= ERROR SUMMARY: 0 errors"; exit $code\' sanitizer'
 
 
 @pytest.fixture(scope="module")
 def shards() -> Iterator[ModuleType]:
-    """tools/memcheck_shards.py as a module (registered while the tests run: its dataclass looks itself up)."""
-    spec = importlib.util.spec_from_file_location("memcheck_shards_under_test", REPO / "tools" / "memcheck_shards.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    """tools/memcheck_shards.py as a module."""
+    with tool_module("memcheck_shards") as module:
+        yield module
 
 
 def write_tests(folder: Path, body: str) -> Path:

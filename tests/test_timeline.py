@@ -3,13 +3,13 @@ device, PyTorch's profiler's)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tool_modules import tool_module
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tools" / "timeline.py"
@@ -29,14 +29,8 @@ HEAD = (
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("timeline_under_test", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look the module up
-    try:
-        spec.loader.exec_module(module)
+    with tool_module("timeline") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def kernel(name: str, start: float, duration: float) -> dict:
