@@ -184,6 +184,22 @@ class DecodeBuffers:
             ("output head", self.vocab, d, head),
         ]
 
+    def layer_chain(self, t: mk.GGMLType) -> tuple[int, Callable[[int], None]]:
+        """A layer's products one after another (q|k|v, attn_output, gate|up, ffn_down; no attention) over one
+        stretch of their weights, each part 256-byte aligned: (the stretch's bytes, launch(its pointer)). Against
+        the sum of the products alone it shows what their boundaries cost or save."""
+        offsets, launches, total = [], [], 0
+        for _, rows, in_features, launch in self.products(t)[:4]:
+            offsets.append(total)
+            launches.append(launch)
+            total += -(-mk.row_bytes(t, in_features) * rows // 256) * 256
+
+        def chain(w: int) -> None:
+            for offset, launch in zip(offsets, launches, strict=True):
+                launch(w + offset)
+
+        return total, chain
+
 
 def time_dram_product(
     launch: Callable[[int], None], weight_bytes: int, path: str, rng: np.random.Generator, h: int
@@ -216,19 +232,31 @@ def time_dram_product(
 
 
 def dram_table(rng: np.random.Generator, stream: mk.Stream) -> None:
-    """Each product of a decode step with its weight in DRAM, on each one-token kernel that reads its type."""
+    """Each product of a decode step with its weight in DRAM, on each one-token kernel that reads its type; then,
+    per type and path, a layer's four products (no attention) alone, their times summed, and chained, one launch
+    after the other as in a step: the difference is what their boundaries cost or save (two int8 launches in a
+    row, say, against a CUDA-core one before an int8 one)."""
     h = stream.handle
     print(f"\n{'decode product, weights in DRAM':52s} {'path':>10s} {'us/launch':>10s} {'GB/s':>8s}")
     for model, (*dims, types) in DECODE_MODELS.items():
         buffers = DecodeBuffers(rng, h, tuple(dims))
         for type_name in types:
             t = mk.GGMLType[type_name]
-            for name, rows, in_features, launch in buffers.products(t):
+            paths = ("cuda_cores", "int8") if t in INT8_TYPES else ("cuda_cores",)
+            layer_sum = dict.fromkeys(paths, 0.0)  # the layer's four products alone, per path
+            for index, (name, rows, in_features, launch) in enumerate(buffers.products(t)):
                 weight_bytes = mk.row_bytes(t, in_features) * rows
-                for path in ("cuda_cores", "int8") if t in INT8_TYPES else ("cuda_cores",):
+                for path in paths:
                     us = time_dram_product(launch, weight_bytes, path, rng, h)
+                    layer_sum[path] += us if index < 4 else 0.0
                     label = f"{model} {name} {type_name} {in_features}->{rows}"
                     print(f"{label:52s} {path:>10s} {us:10.2f} {weight_bytes / us / 1e3:8.1f}")
+            chain_bytes, chain = buffers.layer_chain(t)
+            for path in paths:
+                chained = time_dram_product(chain, chain_bytes, path, rng, h)
+                for how, us in (("alone, summed", layer_sum[path]), ("chained", chained)):
+                    label = f"{model} layer's 4 products {how} {type_name}"
+                    print(f"{label:52s} {path:>10s} {us:10.2f} {chain_bytes / us / 1e3:8.1f}")
     mk.sync(h)
 
 

@@ -112,9 +112,13 @@ def test_the_cache_kernels_refuse_a_cache_type_they_do_not_store(stream):
     mk.sync(h)  # nothing reached CUDA: nothing is pending
 
 
+# A launch whose kernel traps (argv[1] names it), then what sync() and the next launch report. Both kernels trap on
+# a position outside the cache: kv_store_f32 as it stores, gemv_qkv_rope_store in its epilogue's finish, before
+# the k and v stores it places (2 heads of 64 over 1 KV head, x of 32 values, Q8_0 weights of zeros).
 TRAP_PROBE = """
 import json
 import os
+import sys
 import numpy as np
 import minfer_kernels as mk
 from minfer_kernels import kernels
@@ -123,10 +127,16 @@ stream = mk.Stream()
 h = stream.handle
 k = mk.upload(np.ones((1, 32), np.float32))
 v = mk.upload(np.ones((1, 32), np.float32))
-k_cache, v_cache = mk.DeviceBuffer(4 * 32 * 4), mk.DeviceBuffer(4 * 32 * 4)
+k_cache, v_cache = mk.DeviceBuffer(4 * 64 * 4), mk.DeviceBuffer(4 * 64 * 4)
 outside = mk.upload(np.array([9], np.int32))  # a cache of n_ctx = 4 rows has no row 9
 # enqueued: fine (float32 caches)
-kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, mk.GGMLType.F32, h)
+if sys.argv[1] == "kv_store_f32":
+    kernels.kv_store_f32(k.ptr, v.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 1, 32, 4, mk.GGMLType.F32, h)
+else:
+    q8, weights, q = mk.GGMLType.Q8_0, mk.DeviceBuffer(128 * 34), mk.DeviceBuffer(128 * 4)
+    kernels.gemv_qkv_rope_store(weights.ptr, q8, weights.ptr, q8, weights.ptr, q8, k.ptr, None, 1e-6, None, None,
+                                None, q.ptr, k_cache.ptr, v_cache.ptr, outside.ptr, 32, 2, 1, 64, 0, None, 1.0,
+                                kernels.ROPE_NORMAL, 4, mk.GGMLType.F32, h)
 report = {}
 for what, attempt in (("sync", lambda: mk.sync(h)), ("next_launch", lambda: kernels.silu_f32(k.ptr, 32, h))):
     try:
@@ -143,12 +153,13 @@ STICKY = {"cudaErrorLaunchFailure", "cudaErrorIllegalInstruction", "cudaErrorAss
 
 
 @pytest.mark.provokes_cuda_error
-def test_a_kernel_fault_is_latched_counted_and_not_blamed_on_the_next_launch():
+@pytest.mark.parametrize("trapping", ["kv_store_f32", "gemv_qkv_rope_store"])
+def test_a_kernel_fault_is_latched_counted_and_not_blamed_on_the_next_launch(trapping):
     # In a child process: the fault breaks the CUDA context for the rest of that process.
-    result = subprocess.run([sys.executable, "-c", TRAP_PROBE], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", TRAP_PROBE, trapping], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["sync"] is not None, "the trap inside kv_store_f32 must surface at sync()"
+    assert report["sync"] is not None, f"the trap inside {trapping} must surface at sync()"
     assert report["sync"]["name"] in STICKY and report["sync"]["latched"]
     launch = report["next_launch"]
     assert launch is not None and launch["name"] in STICKY

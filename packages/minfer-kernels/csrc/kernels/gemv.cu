@@ -567,29 +567,11 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
 #pragma unroll
     for (int k = 0; k < ROWS; ++k) rows[k] = epilogue.row(group, k);
 
-    // W does not depend on the previous kernel: start fetching it before waiting for that kernel.
-    const long long row_bytes = epilogue.row_bytes(group);
-    const int group_threads = in.warps_per_group * WARP_SIZE;
-    for (long long offset = (warp_in_group * WARP_SIZE + lane) * LINE_BYTES; offset < row_bytes;
-         offset += group_threads * LINE_BYTES) {
-#pragma unroll
-        for (int k = 0; k < ROWS; ++k) prefetch_l2(rows[k] + offset);
-    }
-    wait_for_previous_kernel();
-    allow_next_kernel();
-    // The thread that finishes prepares its epilogue (the position, biases, residuals, the RoPE frequency)
-    // once the first batch of weight loads is in flight: its loads then overlap theirs, instead of
-    // following the reduction or holding the warp's loads back.
-    const bool finishes = warp_in_group == 0 && lane == 0;
-    typename Epilogue::Prepared prepared{};
-
-    float partial[ROWS] = {};
-    float x_squares = 0.0f;
     const int n_steps = ceil_div(in.in_features, STEP_VALUES);
     const int stride = in.warps_per_group;
-    for (int first = warp_in_group; first < n_steps; first += BATCH * stride) {
-        typename Format::Raw raw[BATCH][ROWS];
-        bool valid[BATCH];
+    typename Format::Raw raw[BATCH][ROWS];
+    bool valid[BATCH];
+    const auto load_batch = [&](int first) {  // the weights of BATCH steps from `first`, into raw
 #pragma unroll
         for (int b = 0; b < BATCH; ++b) {
             const int step = first + b * stride;
@@ -600,7 +582,31 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
                 for (int k = 0; k < ROWS; ++k) raw[b][k] = Format::load(rows[k], step, lane);
             }
         }
-        if (finishes && first == 0) prepared = epilogue.prepare(group);
+    };
+
+    // W does not depend on the previous kernel: before waiting for that kernel, the group's rows go into L2
+    // and its first batch into registers, so that after the wait only x's loads stand before the first dots.
+    const long long row_bytes = epilogue.row_bytes(group);
+    const int group_threads = in.warps_per_group * WARP_SIZE;
+    for (long long offset = (warp_in_group * WARP_SIZE + lane) * LINE_BYTES; offset < row_bytes;
+         offset += group_threads * LINE_BYTES) {
+#pragma unroll
+        for (int k = 0; k < ROWS; ++k) prefetch_l2(rows[k] + offset);
+    }
+    load_batch(warp_in_group);
+    wait_for_previous_kernel();
+    allow_next_kernel();
+    // The thread that finishes prepares its epilogue (the position, biases, residuals, the RoPE frequency)
+    // now: its loads go out beside x's, instead of following the reduction. (Only loads: what would wait for
+    // one, the q|k|v epilogue's position check, is in finish.)
+    const bool finishes = warp_in_group == 0 && lane == 0;
+    typename Epilogue::Prepared prepared{};
+    if (finishes) prepared = epilogue.prepare(group);
+
+    float partial[ROWS] = {};
+    float x_squares = 0.0f;
+    for (int first = warp_in_group; first < n_steps; first += BATCH * stride) {
+        if (first != warp_in_group) load_batch(first);
 #pragma unroll
         for (int b = 0; b < BATCH; ++b) {
             if (!valid[b]) continue;

@@ -163,10 +163,11 @@ struct GemvQkvRopeStore {
     };
     __device__ Prepared prepare(int group) const {
         const Pair rows = pair(group);
-        // Loads only, all independent and issued before the position is checked (the compiler moves no
-        // load across a trap): one round trip to memory. The angle waits for finish: computed here, its
-        // float and double temporaries stayed live across the whole reduction and spilled (ptxas: 16
-        // bytes of stack, +0.6 us per launch for Q4_0 on the H200).
+        // Loads only, all independent: nothing here waits for them, so the warp's loads of x go out beside
+        // them (a position check here, the compiler moving no load across its trap, held x's loads back by a
+        // round trip to memory: docs/PERFORMANCE.md, session 32; it is in finish). The angle waits for finish
+        // too: computed here, its float and double temporaries stayed live across the whole reduction and
+        // spilled (ptxas: 16 bytes of stack, +0.6 us per launch for Q4_0 on the H200).
         Prepared prepared{};
         prepared.position = positions[0];
         if (const float* part_bias = bias(rows.part)) {
@@ -174,11 +175,11 @@ struct GemvQkvRopeStore {
             prepared.bias_second = part_bias[rows.second_row];
         }
         if (rows.rope_pair >= 0) prepared.frequency = inv_freq[rows.rope_pair];
-        if (prepared.position < 0 || prepared.position >= n_ctx) __trap();
         return prepared;
     }
 
     __device__ void finish(int group, const float (&sums)[ROWS], const Prepared& prepared) const {
+        if (prepared.position < 0 || prepared.position >= n_ctx) __trap();  // before any store it places
         const Pair rows = pair(group);
         float a = sums[0] + prepared.bias_first, b = sums[1] + prepared.bias_second;
         if (rows.rope_pair >= 0) rope_rotate(a, b, rope_angle(prepared.position, prepared.frequency, mscale));
