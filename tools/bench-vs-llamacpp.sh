@@ -6,22 +6,24 @@
 # llama.cpp comes from the llama-cpp-python sdist's vendor/llama.cpp: LLAMA_CPP names that folder (default
 # .reference/llama-cpp-python-0.3.36-llama.cpp, which `nox -s tests` downloads and unpacks; the GPU machine has
 # no network, so carry it), or a tarball of it, built for this GPU with CUDA into LLAMA_BUILD (default
-# build/llama.cpp), in the background while the synthetic F16 models are written. The folder is 176 MB, mostly
-# what the build does not read; where a carry has a size limit, pack it without that (7.5 MB):
+# build/llama.cpp) by tools/build-llamacpp.sh, in the background while the synthetic F16 models are written. The
+# folder is 176 MB, mostly what the build does not read; where a carry has a size limit, pack it without that
+# (7.5 MB):
 #   tar -cJf llama-src.tar.xz -C .reference $(for d in models docs tests examples gguf-py benches media scripts \
 #       conversion skills pocs ci requirements .github .devops; do echo --exclude=llama-cpp-python-0.3.36-llama.cpp/$d; \
 #       done) llama-cpp-python-0.3.36-llama.cpp
 # and set LLAMA_CPP=llama-src.tar.xz. LLAMA_BIN, a folder holding llama-bench and
 # llama-quantize already built, skips the build. minfer must be installed (tools/gpu-check.sh builds it).
 # Knobs: CUDA_ARCHS (default native), JOBS (default: every core), SHAPES (default qwen2.5-0.5b llama3.2-1b; any
-# preset of minfer.testing.synthetic, qwen3-0.6b and gemma3-270m among them), WORKDIR (default
-# /tmp/minfer-vs-llamacpp), PYTHON (default python3). Real GGUF files, benched as they are: --models FILE,...
+# preset of minfer.testing.synthetic, qwen3-0.6b and gemma3-270m among them; empty: none, only the --models files),
+# WORKDIR (default /tmp/minfer-vs-llamacpp), PYTHON (default python3). Real GGUF files, benched as they are:
+# --models FILE,...
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 WORKDIR=${WORKDIR:-/tmp/minfer-vs-llamacpp}
-SHAPES=${SHAPES:-qwen2.5-0.5b llama3.2-1b}
+SHAPES=${SHAPES-qwen2.5-0.5b llama3.2-1b}
 mkdir -p "$WORKDIR"
 start=$SECONDS
 
@@ -36,13 +38,7 @@ if [ -z "${LLAMA_BIN:-}" ]; then
         echo "bench-vs-llamacpp: no llama.cpp source in $source_dir (set LLAMA_CPP, or LLAMA_BIN to built binaries)" >&2
         exit 1
     fi
-    mkdir -p "$build_dir"
-    (
-        cmake -S "$source_dir" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-            -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
-            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-            -DGGML_NATIVE=OFF && ninja -C "$build_dir" -j "${JOBS:-$(nproc)}" llama-bench llama-quantize
-    ) > "$WORKDIR/llama-build.log" 2>&1 &
+    tools/build-llamacpp.sh "$source_dir" "$build_dir" > "$WORKDIR/llama-build.log" 2>&1 &
     build=$!
     LLAMA_BIN=$build_dir/bin
 fi

@@ -17,6 +17,10 @@
 #   ab SPEC...     tools/gpu-ab.sh run on those models (written first where missing, after any background writer
 #                  is done); its knobs pass through (MINFER_AB_ROUNDS defaults to 2 here); with MINFER_AB_KERNELS
 #                  set, no SPEC: the microbenchmark instead of models
+#   table SHAPE... issue 17's table (tools/bench-vs-llamacpp.sh) on these synthetic shapes (none: only the files
+#                  that MINFER_TABLE_ARGS names, `--models FILE,...`; its other flags pass through it too): this tree
+#                  built and installed as for timeline, after llama.cpp's background build (started by the call that
+#                  carried .device/llama-src.tar.xz: tools/device-carry.sh keep) is done
 #   timeline SPEC...
 #                  this tree built and installed (gpu-check.sh's build and install, none of its steps), then
 #                  tools/timeline.py on each model at each of MINFER_TIMELINE_DEPTHS (default "0 2048"): the decode
@@ -90,6 +94,18 @@ step() {
             done
             [ "$failed" -eq 0 ] || return 1
             MINFER_AB_MODELS="${paths[*]}" MINFER_AB_ROUNDS=${MINFER_AB_ROUNDS:-2} bash tools/gpu-ab.sh run ;;
+        table)
+            MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/table-build.log" 2>&1 \
+                || { tail -30 "$BENCH_DIR/table-build.log"; return 1; }
+            while [ -f /tmp/llama-build.pid ] && kill -0 "$(cat /tmp/llama-build.pid)" 2>/dev/null; do sleep 5; done
+            if [ ! -x /tmp/llama-build/bin/llama-bench ] || [ ! -x /tmp/llama-build/bin/llama-quantize ]; then
+                echo "device-call: no llama.cpp binaries in /tmp/llama-build/bin: carry .device/llama-src.tar.xz in" \
+                    "this call or an earlier one of this machine (its build's log: /tmp/llama-build.log)" >&2
+                [ -f /tmp/llama-build.log ] && tail -20 /tmp/llama-build.log >&2
+                return 1
+            fi
+            # shellcheck disable=SC2086 # MINFER_TABLE_ARGS is a list of flags
+            LLAMA_BIN=/tmp/llama-build/bin SHAPES="$*" bash tools/bench-vs-llamacpp.sh ${MINFER_TABLE_ARGS:-} ;;
         timeline)
             MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/timeline-build.log" 2>&1 \
                 || { tail -30 "$BENCH_DIR/timeline-build.log"; return 1; }
@@ -104,7 +120,7 @@ step() {
             done
             return $failed ;;
         *)
-            echo "device-call: no step $name (suite, suite2, models, ab, timeline, eval)" >&2
+            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, eval)" >&2
             return 2 ;;
     esac
 }
@@ -126,7 +142,7 @@ run_current() {
 }
 for word; do
     case $word in
-        suite | suite2 | models | ab | timeline)
+        suite | suite2 | models | ab | table | timeline)
             run_current
             current=$word
             args=() ;;

@@ -110,12 +110,13 @@ keep() {
     compgen -G "$DEVICE/*.xz.*" >/dev/null && { cp "$DEVICE"/*.xz.* "$KEEP/" || return 1; }
     if [ -f "$DEVICE/llama-src.tar.xz" ] && [ ! -d /tmp/llama-src ]; then
         mkdir -p /tmp/llama-src && tar -xf "$DEVICE/llama-src.tar.xz" -C /tmp/llama-src --strip-components=1 || return 1
-        # Niced, and on 6 of the 16 cores: minfer's build and tests run beside it.
-        setsid nohup bash -c 'cmake -S /tmp/llama-src -B /tmp/llama-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
-            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-            -DGGML_NATIVE=OFF && nice ninja -C /tmp/llama-build -j 6 llama-bench llama-quantize' \
+        # Niced, and on 6 of the 16 cores: minfer's build and tests run beside it. The script runs from /tmp/keep:
+        # the next call's copy of the tree replaces tools/. Its pid in /tmp/llama-build.pid while it runs (the
+        # `table` step of tools/device-call.sh waits for it).
+        cp tools/build-llamacpp.sh "$KEEP/" || return 1
+        CUDA_ARCHS=90-real JOBS=6 setsid nohup nice bash "$KEEP/build-llamacpp.sh" /tmp/llama-src /tmp/llama-build \
             > /tmp/llama-build.log 2>&1 < /dev/null &
+        echo $! > /tmp/llama-build.pid
         echo "device-carry: llama.cpp building into /tmp/llama-build (log /tmp/llama-build.log)"
     fi
     echo "device-carry: kept in $KEEP: $(cd "$KEEP" && ls | tr '\n' ' ')"
