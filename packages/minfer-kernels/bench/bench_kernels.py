@@ -1,4 +1,5 @@
-"""Time the kernels at Qwen2.5-0.5B's decode shapes: microseconds per launch and effective bandwidth; then
+"""Time the kernels at Qwen2.5-0.5B's decode shapes (decode attention at Llama-3.2-1B's, Qwen3-0.6B's and Gemma 3
+270M's too): microseconds per launch and effective bandwidth; then
 at its prefill shapes (512 tokens, and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's
 products at Qwen2.5-0.5B's and Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +34,24 @@ F32_CACHE = mk.GGMLType.F32  # the KV caches' types: float32 (the runtime's defa
 F16_CACHE = mk.GGMLType.F16  # or f16 (`-ctk f16`), 2 bytes a value
 # The cache types a row that reads or writes a KV cache is timed at, and the numpy type of their values.
 CACHE_DTYPES = {F32_CACHE: np.float32, F16_CACHE: np.float16}
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """A family's decode attention: query heads, KV heads, head size, whether decode norms and rotates the heads
+    (Qwen3, Gemma 3), and the label its rows carry."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_norm: bool
+    label: str
+
+
+QWEN2 = AttentionShape(HEADS, KV_HEADS, HEAD_DIM, False, "")  # the microbench's own shape: its rows keep their names
+LLAMA_1B = AttentionShape(32, 8, 64, False, " llama3.2-1b")
+QWEN3 = AttentionShape(16, 8, 128, True, " qwen3-0.6b")
+GEMMA3 = AttentionShape(4, 1, 256, True, " gemma3-270m")
 
 
 def cache_label(cache_type: mk.GGMLType) -> str:
@@ -361,20 +381,26 @@ def main() -> None:
         )
     )
 
-    def attention_case(kv_len: int, n_splits: int, cache_type: mk.GGMLType) -> None:
-        kv_dim, dtype = KV_HEADS * HEAD_DIM, CACHE_DTYPES[cache_type]
+    def attention_case(kv_len: int, n_splits: int, cache_type: mk.GGMLType, family: AttentionShape = QWEN2) -> None:
+        kv_dim, dtype = family.kv_heads * family.head_dim, CACHE_DTYPES[cache_type]
         k_cache, v_cache = floats(kv_len * kv_dim, dtype), floats(kv_len * kv_dim, dtype)
-        attn_out, length = floats(HEADS * HEAD_DIM), mk.upload(np.array([kv_len], np.int32), h)
-        workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(HEADS, HEAD_DIM, n_splits))
+        q_heads = floats(family.heads * family.head_dim)
+        attn_out, length = floats(family.heads * family.head_dim), mk.upload(np.array([kv_len], np.int32), h)
+        workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(family.heads, family.head_dim, n_splits))
         keep.extend([length, workspace])
+        head_norm = kernels.NO_HEAD_NORM
+        if family.head_norm:  # q's and the newest k row's norms and rotation, as Qwen3's and Gemma 3's decode runs
+            head_inv_freq = mk.upload(1e6 ** (-2.0 * np.arange(family.head_dim // 2) / family.head_dim), h)
+            keep.append(head_inv_freq)
+            norm_weights = floats(family.head_dim), floats(family.head_dim)
+            head_norm = (*norm_weights, 1e-6, family.head_dim, head_inv_freq.ptr, 1.0, kernels.ROPE_NEOX)
         cases.append(
             (
-                f"attention decode kv={kv_len} splits={n_splits}{cache_label(cache_type)}",
+                f"attention decode{family.label} kv={kv_len} splits={n_splits}{cache_label(cache_type)}",
                 2 * mk.row_bytes(cache_type, kv_len * kv_dim),
                 lambda: kernels.attention_decode_f32(
-                    q, k_cache, v_cache, attn_out, length.ptr, workspace.ptr,
-                    HEADS, KV_HEADS, HEAD_DIM, kv_len, HEAD_DIM**-0.5, 0, n_splits, *kernels.NO_HEAD_NORM,
-                    cache_type, h,
+                    q_heads, k_cache, v_cache, attn_out, length.ptr, workspace.ptr, family.heads, family.kv_heads,
+                    family.head_dim, kv_len, family.head_dim**-0.5, 0, n_splits, *head_norm, cache_type, h,
                 ),
             )
         )  # fmt: skip
@@ -385,6 +411,12 @@ def main() -> None:
     for kv_len, n_splits in shapes:
         for cache_type in CACHE_DTYPES:
             attention_case(kv_len, n_splits, cache_type)
+    # The other families' attention at a short cache and at depth 2048, with the splits the backend gives them on
+    # 132 SMs (binders.decode_attention_splits: 16 at 8 KV heads, 128 at one).
+    for family, n_splits in ((LLAMA_1B, 16), (QWEN3, 16), (GEMMA3, 128)):
+        for kv_len in (64, 2048):
+            for cache_type in CACHE_DTYPES:
+                attention_case(kv_len, n_splits, cache_type, family)
     logits, index = floats(VOCAB), floats(1)
     argmax_space = mk.DeviceBuffer(kernels.argmax_workspace_bytes(1, VOCAB))  # zeroed, as argmax needs
     keep.append(argmax_space)
