@@ -1,7 +1,7 @@
 """Time the kernels at Qwen2.5-0.5B's decode shapes (decode attention at Llama-3.2-1B's, Qwen3-0.6B's and Gemma 3
-270M's too): microseconds per launch and effective bandwidth; then
-at its prefill shapes (512 tokens, and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's
-products at Qwen2.5-0.5B's and Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
+270M's too): microseconds per launch and effective bandwidth; then at Qwen2.5-0.5B's prefill shapes (512 tokens,
+and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's products at Qwen2.5-0.5B's and
+Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
 
     python packages/minfer-kernels/bench/bench_kernels.py [--dram]     (--dram: the last table alone)
 
