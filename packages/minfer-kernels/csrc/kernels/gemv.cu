@@ -39,8 +39,8 @@
 // float32.
 //
 // Launches are overlapped (common.cuh: launch_overlapped): before waiting for the previous kernel, a
-// group prefetches its rows of W into L2 (weights do not depend on it); after the wait only L2 hits and
-// x remain.
+// group prefetches its rows of W into L2 and loads its first batch of them into registers (weights do not
+// depend on it); after the wait x's loads stand before the first dots, and only L2 hits after them.
 //
 // Every launcher first offers its launch to gemv_int8.cu (int8_launch): on sm_90+ the products of many weights
 // an SM (the output head, a 1B model's gate|up and ffn_down) in a quantized format run there, on the integer
