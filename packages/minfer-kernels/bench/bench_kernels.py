@@ -346,6 +346,8 @@ def main() -> None:
 
     x, weight, out = floats(HIDDEN), floats(HIDDEN), floats(HIDDEN)
     cases.append(("rms_norm 1x896", 12 * HIDDEN, lambda: kernels.rms_norm_f32(x, weight, out, 1, HIDDEN, 1e-6, h)))
+    # Gemma 3 270M's post-block norm (hidden 640), two a layer: x, the weight and y read, y written.
+    cases.append(("rms_norm_add 1x640", 16 * 640, lambda: kernels.rms_norm_add_f32(x, weight, out, 1, 640, 1e-6, h)))
     gate = floats(FFN)
     cases.append(("silu 4864", 8 * FFN, lambda: kernels.silu_f32(gate, FFN, h)))
     q = floats(HEADS * HEAD_DIM)
