@@ -48,7 +48,12 @@ def test_rms_norm_in_place(rng, stream, dev):
     assert_close(from_device(buffer, (4, 896), np.float32, stream), rms_norm(x, weight, EPS), 1e-5)
 
 
-@pytest.mark.parametrize(("rows", "d"), [(1, 640), (33, 4097), (7, 33), (5, 1)])
+# One row is a decode step's launch, held in registers up to 8192 values (1 to 8 a thread, 256 to 1024 threads),
+# then plain; more rows are a prompt's.
+@pytest.mark.parametrize(
+    ("rows", "d"),
+    [(1, 1), (1, 33), (1, 640), (1, 1152), (1, 2049), (1, 5376), (1, 8192), (1, 8193), (33, 4097), (7, 33), (5, 1)],
+)
 def test_rms_norm_add(rng, stream, dev, rows, d):
     x, weight, y = randn(rng, rows, d, scale=2.0), randn(rng, d), randn(rng, rows, d)
     buffer = to_device(y, stream)
