@@ -17,6 +17,7 @@
 // the phase before are ordered before it by the barrier's release and acquire.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -116,7 +117,7 @@ double us_per_step(Run run, cudaStream_t stream) {
         check(cudaEventSynchronize(end), "synchronize");
         float ms = 0.0f;
         check(cudaEventElapsedTime(&ms, start, end), "elapsed");
-        best = ms * 1000.0 / STEPS < best ? ms * 1000.0 / STEPS : best;
+        best = std::min(best, ms * 1000.0 / STEPS);
     }
     check(cudaEventDestroy(start), "event");
     check(cudaEventDestroy(end), "event");
