@@ -13,6 +13,9 @@
 //                          decode kernels do (common.cuh: launch_overlapped)
 //   one kernel, barrier    one launch of STEPS phases, a barrier across the grid between two (a generation count in
 //                          global memory; every block resident: one an SM, at most what the occupancy allows)
+//   one kernel, counting   the same with the cheapest barrier there is: each block adds one to a count that only
+//                          grows (a posted release, nothing to wait for) and waits until it holds every block's
+//                          arrivals so far; no reset, no second trip
 // at 1, 2 and 4 blocks an SM of 256 threads. The barrier's read of the step before is a plain load: the writes of
 // the phase before are ordered before it by the barrier's release and acquire.
 //
@@ -130,12 +133,31 @@ __device__ void grid_barrier(unsigned int* count, unsigned int* generation) {
     __syncthreads();
 }
 
+// Every block's thread 0 adds its arrival to `count` (zero at the launch, never reset) and waits until it holds
+// `arrivals`, every block's arrival at every step so far.
+__device__ void counting_grid_barrier(unsigned int* count, unsigned int arrivals) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned int now = 0;
+        do {
+            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(count) : "memory");
+        } while (now < arrivals);
+    }
+    __syncthreads();
+}
+
+template <bool COUNTING>
 __global__ void steps_in_one_kernel(float* a, float* b, unsigned int* count, unsigned int* generation, int steps) {
     for (int step = 0; step < steps; ++step) {
         const float* in = step % 2 == 0 ? a : b;
         float* out = step % 2 == 0 ? b : a;
         out[blockIdx.x * blockDim.x + threadIdx.x] = in[source_index()] + 1.0f;
-        grid_barrier(count, generation);
+        if constexpr (COUNTING) {
+            counting_grid_barrier(count, (step + 1) * gridDim.x);
+        } else {
+            grid_barrier(count, generation);
+        }
     }
 }
 
@@ -198,8 +220,8 @@ constexpr Product PRODUCTS[] = {
 
 // The first table: a boundary against a barrier, no weights.
 void boundary_table(int sms, int resident, cudaStream_t stream) {
-    std::printf("| blocks | launches, plain | launches, overlapped | one kernel, barrier |\n");
-    std::printf("| ---: | ---: | ---: | ---: |\n");
+    std::printf("| blocks | launches, plain | launches, overlapped | one kernel, barrier | one kernel, counting |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
     for (const int per_sm : {1, 2, 4}) {
         const int blocks = sms * per_sm;
         float *a, *b;
@@ -221,16 +243,20 @@ void boundary_table(int sms, int resident, cudaStream_t stream) {
             us_each([&] { check(cudaGraphLaunch(overlapped, stream), "graph"); }, STEPS, stream);
         std::printf("| %d (%d an SM) | %.2f | %.2f | ", blocks, per_sm, plain_us, overlapped_us);
         if (per_sm <= resident) {
-            // grid.x: every block resident (per_sm an SM, within the occupancy), each a slice of THREADS values.
-            const double barrier_us = us_each(
-                [&] {
-                    steps_in_one_kernel<<<blocks, THREADS, 0, stream>>>(a, b, sync, sync + 1, STEPS);
-                    check(cudaGetLastError(), "launch");
-                },
-                STEPS, stream);
-            std::printf("%.2f |\n", barrier_us);
+            const auto barrier_us = [&](void (*kernel)(float*, float*, unsigned int*, unsigned int*, int)) {
+                return us_each(
+                    [&] {
+                        check(cudaMemsetAsync(sync, 0, 2 * sizeof(unsigned int), stream), "memset");
+                        // grid.x: every block resident (per_sm an SM, within the occupancy), each THREADS values.
+                        kernel<<<blocks, THREADS, 0, stream>>>(a, b, sync, sync + 1, STEPS);
+                        check(cudaGetLastError(), "launch");
+                    },
+                    STEPS, stream);
+            };
+            const double generation_us = barrier_us(steps_in_one_kernel<false>);
+            std::printf("%.2f | %.2f |\n", generation_us, barrier_us(steps_in_one_kernel<true>));
         } else {
-            std::printf("(not resident) |\n");
+            std::printf("(not resident) | (not resident) |\n");
         }
         check(cudaGraphExecDestroy(plain), "destroy");
         check(cudaGraphExecDestroy(overlapped), "destroy");
@@ -306,7 +332,8 @@ int main() {
     check(cudaGetDevice(&device), "device");
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
     check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 size");
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, steps_in_one_kernel, THREADS, 0), "occupancy");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, steps_in_one_kernel<false>, THREADS, 0),
+          "occupancy");
     cudaDeviceProp properties{};
     check(cudaGetDeviceProperties(&properties, device), "properties");
     std::printf("boundary_cost on %s (%d SMs), %d steps a test, %d threads a block, us a step (best of %d)\n",
