@@ -25,6 +25,14 @@
 #                  this tree built and installed (gpu-check.sh's build and install, none of its steps), then
 #                  tools/timeline.py on each model at each of MINFER_TIMELINE_DEPTHS (default "0 2048"): the decode
 #                  step's kernels as the GPU overlaps them
+#   profile SPEC...
+#                  this tree built and installed as for timeline, then Nsight Compute (ncu, clocks as they run) on
+#                  each model's first decode kernels at each of MINFER_PROFILE_DEPTHS (default "0 2048"): the kernels
+#                  whose names match MINFER_PROFILE_KERNELS (default attention_decode|gemv: decode's own; add
+#                  rms_norm_add for Gemma 3's norms), the first MINFER_PROFILE_COUNT (default 12: two layers) of
+#                  them, each alone, with its speed of light, warp states (ncu's rule names the stall that
+#                  dominates), launch and occupancy; the whole report into $OUT/profile-SPEC-dDEPTH.txt, its
+#                  durations, throughputs and stall lines printed
 #   eval CMD       CMD in this environment
 #
 # A call that must chain with the next one (a machine idle for 30 s is given back) should leave nothing to decide
@@ -119,8 +127,30 @@ step() {
                 done
             done
             return $failed ;;
+        profile)
+            MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/profile-build.log" 2>&1 \
+                || { tail -30 "$BENCH_DIR/profile-build.log"; return 1; }
+            command -v ncu >/dev/null || { echo "device-call: profile needs Nsight Compute's ncu" >&2; return 1; }
+            while [ -f "$WRITING" ]; do sleep 2; done
+            local spec depth report failed=0
+            for spec; do
+                write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
+                for depth in ${MINFER_PROFILE_DEPTHS:-0 2048}; do
+                    report=${OUT:-$BENCH_DIR}/profile-${spec//:/-}-d$depth.txt
+                    echo "--- $spec at depth $depth ($report)"
+                    ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+                        --section Occupancy -k "regex:${MINFER_PROFILE_KERNELS:-attention_decode|gemv}" \
+                        -c "${MINFER_PROFILE_COUNT:-12}" "$PYTHON" -m minfer.cli bench "$(model_path "$spec")" \
+                        --backend cuda -p 0 -n 4 -d "$depth" --ctx-size $((depth + 64)) -r 1 > "$report" 2>&1 \
+                        || { tail -20 "$report"; failed=1; continue; }
+                    # the kernels' header lines (name, grid, block), then the lines that say where time went
+                    grep -E -e "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per Thread" \
+                        -e "Achieved Occupancy|being stalled" "$report"
+                done
+            done
+            return $failed ;;
         *)
-            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, eval)" >&2
+            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, profile, eval)" >&2
             return 2 ;;
     esac
 }
@@ -142,7 +172,7 @@ run_current() {
 }
 for word; do
     case $word in
-        suite | suite2 | models | ab | table | timeline)
+        suite | suite2 | models | ab | table | timeline | profile)
             run_current
             current=$word
             args=() ;;
