@@ -74,6 +74,13 @@ write_model() {
         > "$BENCH_DIR/$preset-$type.log" 2>&1 && mv "$path.part" "$path"
 }
 
+# install_this_tree STEP: this tree built and installed (gpu-check.sh's build and install, none of its steps), the
+# log in the bench folder, its tail printed if it fails
+install_this_tree() {
+    MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/$1-build.log" 2>&1 \
+        || { tail -30 "$BENCH_DIR/$1-build.log"; return 1; }
+}
+
 step() {
     local name=$1
     shift
@@ -103,8 +110,7 @@ step() {
             [ "$failed" -eq 0 ] || return 1
             MINFER_AB_MODELS="${paths[*]}" MINFER_AB_ROUNDS=${MINFER_AB_ROUNDS:-2} bash tools/gpu-ab.sh run ;;
         table)
-            MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/table-build.log" 2>&1 \
-                || { tail -30 "$BENCH_DIR/table-build.log"; return 1; }
+            install_this_tree table || return 1
             while [ -f /tmp/llama-build.pid ] && kill -0 "$(cat /tmp/llama-build.pid)" 2>/dev/null; do sleep 5; done
             if [ ! -x /tmp/llama-build/bin/llama-bench ] || [ ! -x /tmp/llama-build/bin/llama-quantize ]; then
                 echo "device-call: no llama.cpp binaries in /tmp/llama-build/bin: carry .device/llama-src.tar.xz in" \
@@ -115,8 +121,7 @@ step() {
             # shellcheck disable=SC2086 # MINFER_TABLE_ARGS is a list of flags
             LLAMA_BIN=/tmp/llama-build/bin SHAPES="$*" bash tools/bench-vs-llamacpp.sh ${MINFER_TABLE_ARGS:-} ;;
         timeline)
-            MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/timeline-build.log" 2>&1 \
-                || { tail -30 "$BENCH_DIR/timeline-build.log"; return 1; }
+            install_this_tree timeline || return 1
             while [ -f "$WRITING" ]; do sleep 2; done
             local spec depth failed=0
             for spec; do
@@ -128,8 +133,7 @@ step() {
             done
             return $failed ;;
         profile)
-            MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/profile-build.log" 2>&1 \
-                || { tail -30 "$BENCH_DIR/profile-build.log"; return 1; }
+            install_this_tree profile || return 1
             command -v ncu >/dev/null || { echo "device-call: profile needs Nsight Compute's ncu" >&2; return 1; }
             while [ -f "$WRITING" ]; do sleep 2; done
             local spec depth report failed=0
