@@ -33,6 +33,11 @@
 #                  them, each alone, with its speed of light, warp states (ncu's rule names the stall that
 #                  dominates), launch and occupancy; the whole report into $OUT/profile-SPEC-dDEPTH.txt, its
 #                  durations, throughputs and stall lines printed
+#   source SPEC... as profile, ncu's source page instead of its sections: each SASS instruction's warp-stall samples
+#                  (tools/sass_hotspots.py), for the first MINFER_SOURCE_COUNT (default 4) matching kernels, sampled
+#                  every 2^(5 + MINFER_SOURCE_INTERVAL) cycles (default auto: ncu's choice; 0 for short kernels); the
+#                  page into $OUT/source-SPEC-dDEPTH.csv, its summary (the MINFER_SOURCE_TOP busiest instructions,
+#                  default 25, a kernel) printed
 #   eval CMD       CMD in this environment
 #
 # A call that must chain with the next one (a machine idle for 30 s is given back) should leave nothing to decide
@@ -79,6 +84,16 @@ write_model() {
 install_this_tree() {
     MINFER_GPU_CHECK_ONLY=none bash tools/gpu-check.sh > "$BENCH_DIR/$1-build.log" 2>&1 \
         || { tail -30 "$BENCH_DIR/$1-build.log"; return 1; }
+}
+
+# ncu_on_decode SPEC DEPTH COUNT REPORT [NCU FLAG...]: ncu (clocks as they run) on the first COUNT decode kernels
+# of SPEC's model at DEPTH whose names match MINFER_PROFILE_KERNELS, each alone; its output into REPORT
+ncu_on_decode() {
+    local spec=$1 depth=$2 count=$3 report=$4
+    shift 4
+    ncu --clock-control none "$@" -k "regex:${MINFER_PROFILE_KERNELS:-attention_decode|gemv}" -c "$count" \
+        "$PYTHON" -m minfer.cli bench "$(model_path "$spec")" --backend cuda -p 0 -n 4 -d "$depth" \
+        --ctx-size $((depth + 64)) -r 1 > "$report" 2>&1
 }
 
 step() {
@@ -142,10 +157,8 @@ step() {
                 for depth in ${MINFER_PROFILE_DEPTHS:-0 2048}; do
                     report=${OUT:-$BENCH_DIR}/profile-${spec//:/-}-d$depth.txt
                     echo "--- $spec at depth $depth ($report)"
-                    ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section LaunchStats \
-                        --section Occupancy -k "regex:${MINFER_PROFILE_KERNELS:-attention_decode|gemv}" \
-                        -c "${MINFER_PROFILE_COUNT:-12}" "$PYTHON" -m minfer.cli bench "$(model_path "$spec")" \
-                        --backend cuda -p 0 -n 4 -d "$depth" --ctx-size $((depth + 64)) -r 1 > "$report" 2>&1 \
+                    ncu_on_decode "$spec" "$depth" "${MINFER_PROFILE_COUNT:-12}" "$report" --section SpeedOfLight \
+                        --section WarpStateStats --section LaunchStats --section Occupancy \
                         || { tail -20 "$report"; failed=1; continue; }
                     # the kernels' header lines (name, grid, block), then the lines that say where time went
                     grep -E -e "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per Thread" \
@@ -153,8 +166,26 @@ step() {
                 done
             done
             return $failed ;;
+        source)
+            install_this_tree source || return 1
+            command -v ncu >/dev/null || { echo "device-call: source needs Nsight Compute's ncu" >&2; return 1; }
+            while [ -f "$WRITING" ]; do sleep 2; done
+            local spec depth page failed=0
+            for spec; do
+                write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
+                for depth in ${MINFER_PROFILE_DEPTHS:-0 2048}; do
+                    page=${OUT:-$BENCH_DIR}/source-${spec//:/-}-d$depth.csv
+                    echo "--- $spec at depth $depth ($page)"
+                    ncu_on_decode "$spec" "$depth" "${MINFER_SOURCE_COUNT:-4}" "$page" --section SourceCounters \
+                        --section WarpStateStats --page source --print-source sass --csv \
+                        --sampling-interval "${MINFER_SOURCE_INTERVAL:-auto}" \
+                        || { tail -20 "$page"; failed=1; continue; }
+                    "$PYTHON" tools/sass_hotspots.py "$page" --top "${MINFER_SOURCE_TOP:-25}" || failed=1
+                done
+            done
+            return $failed ;;
         *)
-            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, profile, eval)" >&2
+            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, profile, source, eval)" >&2
             return 2 ;;
     esac
 }
@@ -176,7 +207,7 @@ run_current() {
 }
 for word; do
     case $word in
-        suite | suite2 | models | ab | table | timeline | profile)
+        suite | suite2 | models | ab | table | timeline | profile | source)
             run_current
             current=$word
             args=() ;;
