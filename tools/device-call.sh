@@ -96,6 +96,44 @@ ncu_on_decode() {
         --ctx-size $((depth + 64)) -r 1 > "$report" 2>&1
 }
 
+# profile_report SPEC DEPTH REPORT: ncu's sections on the decode kernels into REPORT, the lines that say where
+# their time went printed
+profile_report() {
+    ncu_on_decode "$1" "$2" "${MINFER_PROFILE_COUNT:-12}" "$3" --section SpeedOfLight --section WarpStateStats \
+        --section LaunchStats --section Occupancy || { tail -20 "$3"; return 1; }
+    # the kernels' header lines (name, grid, block), then the lines that say where time went
+    grep -E -e "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per Thread" \
+        -e "Achieved Occupancy|being stalled" "$3" \
+        || { echo "device-call: no kernel profiled in $3; its end:" >&2; tail -5 "$3" >&2; return 1; }
+}
+
+# source_report SPEC DEPTH REPORT: ncu's source page of the decode kernels into REPORT, its summary printed
+source_report() {
+    ncu_on_decode "$1" "$2" "${MINFER_SOURCE_COUNT:-4}" "$3" --section SourceCounters --section WarpStateStats \
+        --page source --print-source sass --csv --sampling-interval "${MINFER_SOURCE_INTERVAL:-auto}" \
+        || { tail -20 "$3"; return 1; }
+    "$PYTHON" tools/sass_hotspots.py "$3" --top "${MINFER_SOURCE_TOP:-25}" || { tail -5 "$3" >&2; return 1; }
+}
+
+# on_each_decode STEP EXTENSION SPEC...: this tree built and installed, then for each model at each of
+# MINFER_PROFILE_DEPTHS (default "0 2048") STEP_report's ncu output into $OUT/STEP-SPEC-dDEPTH.EXTENSION
+on_each_decode() {
+    local name=$1 extension=$2 spec depth report failed=0
+    shift 2
+    install_this_tree "$name" || return 1
+    command -v ncu >/dev/null || { echo "device-call: $name needs Nsight Compute's ncu" >&2; return 1; }
+    while [ -f "$WRITING" ]; do sleep 2; done
+    for spec; do
+        write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
+        for depth in ${MINFER_PROFILE_DEPTHS:-0 2048}; do
+            report=${OUT:-$BENCH_DIR}/$name-${spec//:/-}-d$depth.$extension
+            echo "--- $spec at depth $depth ($report)"
+            "${name}_report" "$spec" "$depth" "$report" || failed=1
+        done
+    done
+    return $failed
+}
+
 step() {
     local name=$1
     shift
@@ -147,43 +185,8 @@ step() {
                 done
             done
             return $failed ;;
-        profile)
-            install_this_tree profile || return 1
-            command -v ncu >/dev/null || { echo "device-call: profile needs Nsight Compute's ncu" >&2; return 1; }
-            while [ -f "$WRITING" ]; do sleep 2; done
-            local spec depth report failed=0
-            for spec; do
-                write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
-                for depth in ${MINFER_PROFILE_DEPTHS:-0 2048}; do
-                    report=${OUT:-$BENCH_DIR}/profile-${spec//:/-}-d$depth.txt
-                    echo "--- $spec at depth $depth ($report)"
-                    ncu_on_decode "$spec" "$depth" "${MINFER_PROFILE_COUNT:-12}" "$report" --section SpeedOfLight \
-                        --section WarpStateStats --section LaunchStats --section Occupancy \
-                        || { tail -20 "$report"; failed=1; continue; }
-                    # the kernels' header lines (name, grid, block), then the lines that say where time went
-                    grep -E -e "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per Thread" \
-                        -e "Achieved Occupancy|being stalled" "$report"
-                done
-            done
-            return $failed ;;
-        source)
-            install_this_tree source || return 1
-            command -v ncu >/dev/null || { echo "device-call: source needs Nsight Compute's ncu" >&2; return 1; }
-            while [ -f "$WRITING" ]; do sleep 2; done
-            local spec depth page failed=0
-            for spec; do
-                write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
-                for depth in ${MINFER_PROFILE_DEPTHS:-0 2048}; do
-                    page=${OUT:-$BENCH_DIR}/source-${spec//:/-}-d$depth.csv
-                    echo "--- $spec at depth $depth ($page)"
-                    ncu_on_decode "$spec" "$depth" "${MINFER_SOURCE_COUNT:-4}" "$page" --section SourceCounters \
-                        --section WarpStateStats --page source --print-source sass --csv \
-                        --sampling-interval "${MINFER_SOURCE_INTERVAL:-auto}" \
-                        || { tail -20 "$page"; failed=1; continue; }
-                    "$PYTHON" tools/sass_hotspots.py "$page" --top "${MINFER_SOURCE_TOP:-25}" || failed=1
-                done
-            done
-            return $failed ;;
+        profile) on_each_decode profile txt "$@" ;;
+        source) on_each_decode source csv "$@" ;;
         *)
             echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, profile, source, eval)" >&2
             return 2 ;;
