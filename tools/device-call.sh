@@ -110,7 +110,7 @@ profile_report() {
 # source_report SPEC DEPTH REPORT: ncu's source page of the decode kernels into REPORT, its summary printed
 source_report() {
     ncu_on_decode "$1" "$2" "${MINFER_SOURCE_COUNT:-4}" "$3" --section SourceCounters --section WarpStateStats \
-        --page source --print-source sass --csv --sampling-interval "${MINFER_SOURCE_INTERVAL:-auto}" \
+        --page source --print-source sass --csv --warp-sampling-interval "${MINFER_SOURCE_INTERVAL:-auto}" \
         || { tail -20 "$3"; return 1; }
     "$PYTHON" tools/sass_hotspots.py "$3" --top "${MINFER_SOURCE_TOP:-25}" || { tail -5 "$3" >&2; return 1; }
 }
