@@ -18,7 +18,9 @@
 // matching activations once and uses them for all ROWS rows. The 32 lanes of a warp cover one step of a
 // row: one contiguous stretch of its bytes, so the loads are coalesced. A lane loads the weights of up to
 // 4 steps before it uses any (`Raw`, batch), so a warp has its whole short row in flight at once: a GEMV
-// over 896-value rows costs one memory round trip, not four.
+// over 896-value rows costs one memory round trip, not four. Where that batch is the warp's whole share of a
+// row of up to two rows' groups, its activations go out a step ahead of the dots that use them (X_AHEAD,
+// where the registers cost no wave: launch_format), which keeps their round trips behind the step before.
 //
 // The norm costs no extra pass. RMSNorm scales x by one number, inv_rms = 1 / sqrt(mean(x^2) + eps), so
 //     W (x * inv_rms * g) = inv_rms * (W (x * g)):
@@ -516,7 +518,23 @@ __device__ __forceinline__ float format_dot(const typename Format::Raw& w, const
     }
 }
 
-// Lane `lane`'s activations of step `step`: x * norm_weight (the norm's inv_rms comes at the end), or x.
+// x's squares in a run of 4 values, for the norm's mean.
+__device__ __forceinline__ float run_squares(const float4& x) {
+    return (x.x * x.x + x.y * x.y) + (x.z * x.z + x.w * x.w);
+}
+
+// Run `run` of a step's activations: its 4 values v and their sum.
+__device__ __forceinline__ void set_run(Activations& a, int run, const float4& v) {
+    a.v[4 * run] = v.x;
+    a.v[4 * run + 1] = v.y;
+    a.v[4 * run + 2] = v.z;
+    a.v[4 * run + 3] = v.w;
+    a.run_sum[run] = (v.x + v.y) + (v.z + v.w);
+}
+
+// Lane `lane`'s activations of step `step`: x * norm_weight (the norm's inv_rms comes at the end), or x, from x's
+// two runs (4 consecutive values each, where the format's activation_offset puts them), each loaded where it is
+// used.
 template <class Format>
 __device__ __forceinline__ Activations load_activations(const float* x, const float* norm_weight, int step, int lane) {
     Activations a;
@@ -525,19 +543,50 @@ __device__ __forceinline__ Activations load_activations(const float* x, const fl
     for (int run = 0; run < 2; ++run) {
         const int i = step * STEP_VALUES + Format::activation_offset(lane, run);
         float4 v = *reinterpret_cast<const float4*>(x + i);
-        a.x_squares += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        a.x_squares += run_squares(v);
         if (norm_weight != nullptr) {
             const float4 g = *reinterpret_cast<const float4*>(norm_weight + i);
             v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
         }
-        a.v[4 * run] = v.x;
-        a.v[4 * run + 1] = v.y;
-        a.v[4 * run + 2] = v.z;
-        a.v[4 * run + 3] = v.w;
-        a.run_sum[run] = (v.x + v.y) + (v.z + v.w);
+        set_run(a, run, v);
     }
     return a;
 }
+
+// The same runs loaded a step before their activations are needed (gemv_group's X_AHEAD): load_activations cut
+// in two, its loads, then its math in the same order. load_activations keeps its own order so that the kernels
+// without X_AHEAD compile as they did before X_AHEAD (cuobjdump, sm_90a: 151 of 151 the same SASS); passing the
+// runs in as lambdas, or a helper that loaded g before squaring x, moved 33 and 71 of them.
+struct ActivationLoads {
+    float4 x[2];
+    float4 g[2];
+
+    template <class Format>
+    __device__ __forceinline__ static ActivationLoads load(const float* x, const float* norm_weight, int step,
+                                                           int lane) {
+        ActivationLoads loads{};
+#pragma unroll
+        for (int run = 0; run < 2; ++run) {
+            const int i = step * STEP_VALUES + Format::activation_offset(lane, run);
+            loads.x[run] = *reinterpret_cast<const float4*>(x + i);
+            if (norm_weight != nullptr) loads.g[run] = *reinterpret_cast<const float4*>(norm_weight + i);
+        }
+        return loads;
+    }
+
+    __device__ __forceinline__ Activations activations(bool normed) const {
+        Activations a;
+        a.x_squares = 0.0f;
+#pragma unroll
+        for (int run = 0; run < 2; ++run) {
+            float4 v = x[run];
+            a.x_squares += run_squares(v);
+            if (normed) v = make_float4(v.x * g[run].x, v.y * g[run].y, v.z * g[run].z, v.w * g[run].w);
+            set_run(a, run, v);
+        }
+        return a;
+    }
+};
 
 // Steps a lane loads before it uses any: as many as fit RAW_BUDGET registers for the group's `rows` rows of
 // `raw_words` words a step, 1 to 4.
@@ -558,7 +607,7 @@ struct GemvInput {
 // One group's ROWS dot products, scaled by the norm, handed to the epilogue. Every warp of the group calls
 // it (the same Format: the group's type); with several warps per group it contains __syncthreads(), and
 // then the block is that one group.
-template <class Format, class Epilogue>
+template <class Format, bool X_AHEAD, class Epilogue>
 __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& epilogue, int group,
                                            int warp_in_group, int lane) {
     constexpr int ROWS = Epilogue::ROWS;
@@ -607,10 +656,26 @@ __device__ __forceinline__ void gemv_group(const GemvInput& in, const Epilogue& 
     float x_squares = 0.0f;
     for (int first = warp_in_group; first < n_steps; first += BATCH * stride) {
         if (first != warp_in_group) load_batch(first);
+        // X_AHEAD: x's loads run a step ahead of the dots, so a step's come back while the step before
+        // multiplies, where loading each right before its dots waits for L2 once a step (docs/PERFORMANCE.md,
+        // sessions 33, 46 and 49; launch_format says where). A step is valid only where every step before it
+        // is, so a valid step's loads went out a step earlier.
+        ActivationLoads ahead{};
+        if constexpr (X_AHEAD) {
+            if (valid[0]) ahead = ActivationLoads::load<Format>(in.x, in.norm_weight, first, lane);
+        }
 #pragma unroll
         for (int b = 0; b < BATCH; ++b) {
             if (!valid[b]) continue;
-            const Activations a = load_activations<Format>(in.x, in.norm_weight, first + b * stride, lane);
+            Activations a;
+            if constexpr (X_AHEAD) {
+                const ActivationLoads loads = ahead;
+                if (b + 1 < BATCH && valid[b + 1])
+                    ahead = ActivationLoads::load<Format>(in.x, in.norm_weight, first + (b + 1) * stride, lane);
+                a = loads.activations(in.norm_weight != nullptr);
+            } else {
+                a = load_activations<Format>(in.x, in.norm_weight, first + b * stride, lane);
+            }
             x_squares += a.x_squares;
 #pragma unroll
             for (int k = 0; k < ROWS; ++k) partial[k] += format_dot<Format>(raw[b][k], a, lane);
@@ -683,7 +748,7 @@ constexpr int planned_raw_words() {
 
 // Block: GROUPS_PER_BLOCK warps that own a group each, or warps_per_group warps sharing one group;
 // blockIdx.x: which groups.
-template <class Format, class Epilogue>
+template <class Format, class Epilogue, bool X_AHEAD>
 __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in, Epilogue epilogue) {
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -698,29 +763,31 @@ __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE) gemv(GemvInput in,
     }
     if constexpr (IsFormatPair<Format>::value) {
         if (epilogue.type(group) == Format::QK_GGML_TYPE) {
-            gemv_group<typename Format::Qk>(in, epilogue, group, warp_in_group, lane);
+            gemv_group<typename Format::Qk, X_AHEAD>(in, epilogue, group, warp_in_group, lane);
         } else {
-            gemv_group<typename Format::V>(in, epilogue, group, warp_in_group, lane);
+            gemv_group<typename Format::V, X_AHEAD>(in, epilogue, group, warp_in_group, lane);
         }
     } else if constexpr (!std::is_same_v<Format, FormatPerGroup>) {
-        gemv_group<Format>(in, epilogue, group, warp_in_group, lane);
+        gemv_group<Format, X_AHEAD>(in, epilogue, group, warp_in_group, lane);
     } else {
         switch (epilogue.type(group)) {
-            case GGML_F32: gemv_group<GemvF32>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_F16: gemv_group<GemvF16>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q4_0: gemv_group<GemvQ4_0>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q4_1: gemv_group<GemvQ4_1>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q5_0: gemv_group<GemvQ5_0>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q5_1: gemv_group<GemvQ5_1>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q8_0: gemv_group<GemvQ8_0>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q2_K: gemv_group<GemvQ2_K>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q3_K: gemv_group<GemvQ3_K>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q4_K: gemv_group<GemvQ4_K>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q5_K: gemv_group<GemvQ5_K>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_Q6_K: gemv_group<GemvQ6_K>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_IQ4_NL: gemv_group<GemvIQ4_NL>(in, epilogue, group, warp_in_group, lane); break;
-            case GGML_IQ4_XS: gemv_group<GemvIQ4_XS>(in, epilogue, group, warp_in_group, lane); break;
-            default: gemv_group<GemvBF16>(in, epilogue, group, warp_in_group, lane); break;  // checked at launch
+            case GGML_F32: gemv_group<GemvF32, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_F16: gemv_group<GemvF16, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q4_0: gemv_group<GemvQ4_0, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q4_1: gemv_group<GemvQ4_1, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q5_0: gemv_group<GemvQ5_0, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q5_1: gemv_group<GemvQ5_1, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q8_0: gemv_group<GemvQ8_0, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q2_K: gemv_group<GemvQ2_K, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q3_K: gemv_group<GemvQ3_K, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q4_K: gemv_group<GemvQ4_K, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q5_K: gemv_group<GemvQ5_K, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_Q6_K: gemv_group<GemvQ6_K, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_IQ4_NL: gemv_group<GemvIQ4_NL, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            case GGML_IQ4_XS: gemv_group<GemvIQ4_XS, X_AHEAD>(in, epilogue, group, warp_in_group, lane); break;
+            default:  // GGML_BF16: the launchers checked the type
+                gemv_group<GemvBF16, X_AHEAD>(in, epilogue, group, warp_in_group, lane);
+                break;
         }
     }
 }
@@ -751,17 +818,18 @@ cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cuda
     // (Llama-3.2-1B's q|k|v in Q4_K, 93 registers: 1536 blocks of two warps of 2 batches, 10 an SM on an H100,
     // two waves, 4; 384 blocks of four single-warp groups of 3 batches, one wave, 3). A long row keeps its
     // split (ffn_down's 32 steps: 8 batches or more for one warp against a few waves of one or two).
+    constexpr int BATCH = batch_steps(Epilogue::ROWS, planned_raw_words<Format>());
     const int n_steps = ceil_div(input.in_features, STEP_VALUES);
     GemvInput in = input;
     in.warps_per_group = std::min(GEMV_MAX_WARPS, ceil_div(n_steps, STEPS_PER_WARP));
     if (in.warps_per_group > 1) {
-        constexpr int BATCH = batch_steps(Epilogue::ROWS, planned_raw_words<Format>());
         int split_waves = 0, single_waves = 0;
-        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue>, epilogue.n_groups,
+        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue, false>, epilogue.n_groups,
                                                 in.warps_per_group * WARP_SIZE, split_waves);
             failed != cudaSuccess)
             return failed;
-        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue>, ceil_div(epilogue.n_groups, GROUPS_PER_BLOCK),
+        if (const cudaError_t failed = waves_of(gemv<Format, Epilogue, false>,
+                                                ceil_div(epilogue.n_groups, GROUPS_PER_BLOCK),
                                                 GROUPS_PER_BLOCK * WARP_SIZE, single_waves);
             failed != cudaSuccess)
             return failed;
@@ -774,7 +842,28 @@ cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cuda
     // per group or warps_per_group warps on one group.
     const int blocks = ceil_div(epilogue.n_groups, groups_per_block);
     const int threads = groups_per_block * in.warps_per_group * WARP_SIZE;
-    return launch_overlapped(gemv<Format, Epilogue>, dim3(blocks), dim3(threads), 0, stream, in, epilogue);
+    // x a step ahead (gemv_group's X_AHEAD) where it is free: in groups of up to two rows whose warps each load
+    // their steps in one batch, and only where its registers (+4 to +31) cost the launch no wave. There a
+    // launch is one round trip for weights and x together; a warp walking several batches gains only inside
+    // each, and a launch of many waves pays for the registers in blocks (docs/PERFORMANCE.md, session 49, row
+    // 81: Qwen2.5-0.5B's q|k|v 4-18% and attn_output 5-15% faster alone; with x ahead in every group of up to
+    // two rows, row 79, Llama-3.2-1B's q|k|v was 24-42% and its ffn_down 6-39% slower). Four rows (gate|up)
+    // hold 4 x 16 words of weights: never.
+    if constexpr (Epilogue::ROWS <= 2) {
+        if (ceil_div(n_steps, in.warps_per_group) <= BATCH) {
+            int plain_waves = 0, ahead_waves = 0;
+            if (const cudaError_t failed = waves_of(gemv<Format, Epilogue, false>, blocks, threads, plain_waves);
+                failed != cudaSuccess)
+                return failed;
+            if (const cudaError_t failed = waves_of(gemv<Format, Epilogue, true>, blocks, threads, ahead_waves);
+                failed != cudaSuccess)
+                return failed;
+            if (ahead_waves <= plain_waves)
+                return launch_overlapped(gemv<Format, Epilogue, true>, dim3(blocks), dim3(threads), 0, stream, in,
+                                         epilogue);
+        }
+    }
+    return launch_overlapped(gemv<Format, Epilogue, false>, dim3(blocks), dim3(threads), 0, stream, in, epilogue);
 }
 
 // The launch for weights of one type (`type`, checked by the launcher).
