@@ -13,7 +13,10 @@
 #       conversion skills pocs ci requirements .github .devops; do echo --exclude=llama-cpp-python-0.3.36-llama.cpp/$d; \
 #       done) llama-cpp-python-0.3.36-llama.cpp
 # and set LLAMA_CPP=llama-src.tar.xz. LLAMA_BIN, a folder holding llama-bench and
-# llama-quantize already built, skips the build. minfer must be installed (tools/gpu-check.sh builds it).
+# llama-quantize already built, skips the build; LLAMA_BUILDING, a file holding the pid of a build into LLAMA_BIN
+# still running elsewhere (tools/device-carry.sh keep's), is waited for once the models are written, and
+# LLAMA_BUILD_LOG, that build's log, is shown if it made no binaries. minfer must be installed (tools/gpu-check.sh
+# builds it).
 # Knobs: CUDA_ARCHS (default native), JOBS (default: every core), SHAPES (default qwen2.5-0.5b llama3.2-1b; any
 # preset of minfer.testing.synthetic, qwen3-0.6b and gemma3-270m among them; empty: none, only the --models files),
 # WORKDIR (default /tmp/minfer-vs-llamacpp), PYTHON (default python3). Real GGUF files, benched as they are:
@@ -61,6 +64,15 @@ if [ -n "${build:-}" ]; then
     if ! wait "$build"; then
         tail -20 "$WORKDIR/llama-build.log" >&2
         echo "bench-vs-llamacpp: the llama.cpp build failed (log: $WORKDIR/llama-build.log)" >&2
+        exit 1
+    fi
+fi
+if [ -n "${LLAMA_BUILDING:-}" ]; then
+    while [ -f "$LLAMA_BUILDING" ] && kill -0 "$(cat "$LLAMA_BUILDING")" 2>/dev/null; do sleep 5; done
+    if [ ! -x "$LLAMA_BIN/llama-bench" ] || [ ! -x "$LLAMA_BIN/llama-quantize" ]; then
+        [ -f "${LLAMA_BUILD_LOG:-}" ] && tail -20 "$LLAMA_BUILD_LOG" >&2
+        echo "bench-vs-llamacpp: the build named by $LLAMA_BUILDING left no llama-bench and llama-quantize in" \
+            "$LLAMA_BIN${LLAMA_BUILD_LOG:+ (log: $LLAMA_BUILD_LOG)}" >&2
         exit 1
     fi
 fi

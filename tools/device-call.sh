@@ -19,8 +19,10 @@
 #                  set, no SPEC: the microbenchmark instead of models
 #   table SHAPE... issue 17's table (tools/bench-vs-llamacpp.sh) on these synthetic shapes (none: only the files
 #                  that MINFER_TABLE_ARGS names, `--models FILE,...`; its other flags pass through it too): this tree
-#                  built and installed as for timeline, after llama.cpp's background build (started by the call that
-#                  carried .device/llama-src.tar.xz: tools/device-carry.sh keep) is done
+#                  built and installed as for timeline, the models written while llama.cpp's background build
+#                  (started by the call that carried .device/llama-src.tar.xz: tools/device-carry.sh keep; on every
+#                  core where that call opens with table) runs on, then benched; the output also in $OUT/table.log,
+#                  row by row
 #   timeline SPEC...
 #                  this tree built and installed (gpu-check.sh's build and install, none of its steps), then
 #                  tools/timeline.py on each model at each of MINFER_TIMELINE_DEPTHS (default "0 2048"): the decode
@@ -54,6 +56,8 @@ PYTHON=${PYTHON:-python3}
 BENCH_DIR=/tmp/minfer-bench
 WRITING=$BENCH_DIR/writing  # there while a background writer runs
 mkdir -p "$MINFER_HOME" "$BENCH_DIR"
+# A call that opens with `table` waits for llama.cpp's build: that build takes every core.
+[ "${1:-}" = table ] && export LLAMA_BUILD_JOBS=${LLAMA_BUILD_JOBS:-$(nproc)}
 tools/device-carry.sh keep >/dev/null && tools/device-carry.sh join || exit 1
 if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/gguf ]; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -163,16 +167,18 @@ step() {
             [ "$failed" -eq 0 ] || return 1
             MINFER_AB_MODELS="${paths[*]}" MINFER_AB_ROUNDS=${MINFER_AB_ROUNDS:-2} bash tools/gpu-ab.sh run ;;
         table)
-            install_this_tree table || return 1
-            while [ -f /tmp/llama-build.pid ] && kill -0 "$(cat /tmp/llama-build.pid)" 2>/dev/null; do sleep 5; done
-            if [ ! -x /tmp/llama-build/bin/llama-bench ] || [ ! -x /tmp/llama-build/bin/llama-quantize ]; then
-                echo "device-call: no llama.cpp binaries in /tmp/llama-build/bin: carry .device/llama-src.tar.xz in" \
-                    "this call or an earlier one of this machine (its build's log: /tmp/llama-build.log)" >&2
-                [ -f /tmp/llama-build.log ] && tail -20 /tmp/llama-build.log >&2
+            if [ ! -f /tmp/llama-build.pid ]; then
+                echo "device-call: llama.cpp was not built on this machine: carry .device/llama-src.tar.xz in this" \
+                    "call or an earlier one of this machine" >&2
                 return 1
             fi
+            install_this_tree table || return 1
+            # The models are written while llama.cpp's build runs on; each row is in $OUT/table.log as it comes,
+            # so a call cut off at its limit still returns the rows done.
             # shellcheck disable=SC2086 # MINFER_TABLE_ARGS is a list of flags
-            LLAMA_BIN=/tmp/llama-build/bin SHAPES="$*" bash tools/bench-vs-llamacpp.sh ${MINFER_TABLE_ARGS:-} ;;
+            LLAMA_BIN=/tmp/llama-build/bin LLAMA_BUILDING=/tmp/llama-build.pid LLAMA_BUILD_LOG=/tmp/llama-build.log \
+                SHAPES="$*" bash tools/bench-vs-llamacpp.sh ${MINFER_TABLE_ARGS:-} 2>&1 \
+                | tee "${OUT:-$BENCH_DIR}/table.log" ;;
         timeline)
             install_this_tree timeline || return 1
             while [ -f "$WRITING" ]; do sleep 2; done

@@ -110,11 +110,11 @@ keep() {
     compgen -G "$DEVICE/*.xz.*" >/dev/null && { cp "$DEVICE"/*.xz.* "$KEEP/" || return 1; }
     if [ -f "$DEVICE/llama-src.tar.xz" ] && [ ! -d /tmp/llama-src ]; then
         mkdir -p /tmp/llama-src && tar -xf "$DEVICE/llama-src.tar.xz" -C /tmp/llama-src --strip-components=1 || return 1
-        # Niced, and on 6 of the 16 cores: minfer's build and tests run beside it. The script runs from /tmp/keep:
-        # the next call's copy of the tree replaces tools/. Its pid in /tmp/llama-build.pid while it runs (the
-        # `table` step of tools/device-call.sh waits for it).
+        # Niced, and on LLAMA_BUILD_JOBS cores (default 6 of the 16: minfer's build and tests run beside it). The
+        # script runs from /tmp/keep: the next call's copy of the tree replaces tools/. Its pid in
+        # /tmp/llama-build.pid while it runs (the `table` step of tools/device-call.sh waits for it).
         cp tools/build-llamacpp.sh "$KEEP/" || return 1
-        CUDA_ARCHS=90-real JOBS=6 setsid nohup nice bash "$KEEP/build-llamacpp.sh" /tmp/llama-src /tmp/llama-build \
+        CUDA_ARCHS=90-real JOBS=${LLAMA_BUILD_JOBS:-6} setsid nohup nice bash "$KEEP/build-llamacpp.sh" /tmp/llama-src /tmp/llama-build \
             > /tmp/llama-build.log 2>&1 < /dev/null &
         echo $! > /tmp/llama-build.pid
         echo "device-carry: llama.cpp building into /tmp/llama-build (log /tmp/llama-build.log)"
