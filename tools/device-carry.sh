@@ -114,8 +114,8 @@ keep() {
         # script runs from /tmp/keep: the next call's copy of the tree replaces tools/. Its pid in
         # /tmp/llama-build.pid while it runs (the `table` step of tools/device-call.sh waits for it).
         cp tools/build-llamacpp.sh "$KEEP/" || return 1
-        CUDA_ARCHS=90-real JOBS=${LLAMA_BUILD_JOBS:-6} setsid nohup nice bash "$KEEP/build-llamacpp.sh" /tmp/llama-src /tmp/llama-build \
-            > /tmp/llama-build.log 2>&1 < /dev/null &
+        CUDA_ARCHS=90-real JOBS=${LLAMA_BUILD_JOBS:-6} setsid nohup nice bash "$KEEP/build-llamacpp.sh" /tmp/llama-src \
+            /tmp/llama-build > /tmp/llama-build.log 2>&1 < /dev/null &
         echo $! > /tmp/llama-build.pid
         echo "device-carry: llama.cpp building into /tmp/llama-build (log /tmp/llama-build.log)"
     fi
