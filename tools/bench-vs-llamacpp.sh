@@ -68,7 +68,9 @@ if [ -n "${build:-}" ]; then
     fi
 fi
 if [ -n "${LLAMA_BUILDING:-}" ]; then
-    while [ -f "$LLAMA_BUILDING" ] && kill -0 "$(cat "$LLAMA_BUILDING")" 2>/dev/null; do sleep 5; done
+    # Running: there, and not a zombie (a finished process that no parent has reaped yet still takes signals).
+    running() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }
+    while [ -f "$LLAMA_BUILDING" ] && running "$(cat "$LLAMA_BUILDING")"; do sleep 1; done
     if [ ! -x "$LLAMA_BIN/llama-bench" ] || [ ! -x "$LLAMA_BIN/llama-quantize" ]; then
         [ -f "${LLAMA_BUILD_LOG:-}" ] && tail -20 "$LLAMA_BUILD_LOG" >&2
         echo "bench-vs-llamacpp: the build named by $LLAMA_BUILDING left no llama-bench and llama-quantize in" \
