@@ -1,9 +1,10 @@
 """Time the kernels at Qwen2.5-0.5B's decode shapes (decode attention at Llama-3.2-1B's, Qwen3-0.6B's and Gemma 3
 270M's too): microseconds per launch and effective bandwidth; then at Qwen2.5-0.5B's prefill shapes (512 tokens,
-and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's products at Qwen2.5-0.5B's and
-Llama-3.2-1B's shapes with their weights in DRAM, on both one-token kernels.
+and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's products at Qwen2.5-0.5B's,
+Llama-3.2-1B's, Qwen3-0.6B's and Gemma 3 270M's shapes with their weights in DRAM, on both one-token kernels.
 
-    python packages/minfer-kernels/bench/bench_kernels.py [--dram]     (--dram: the last table alone)
+    python packages/minfer-kernels/bench/bench_kernels.py [--dram] [--models M,...]
+        (--dram: the last table alone; --models: its models, of DECODE_MODELS, default all)
 
 Each case of the first two tables is launched a few times to warm up, then N times between two CUDA events on
 one stream; the table shows the mean time per launch and the bytes the kernel must move divided by that time
@@ -149,6 +150,9 @@ def prefill_cases(
 DECODE_MODELS = {
     "qwen2.5-0.5b": (896, 4864, 14, 2, 64, 151936, ("Q4_0", "Q5_0", "Q8_0", "F16")),
     "llama3.2-1b": (2048, 8192, 32, 8, 64, 128256, ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16")),
+    # q_dim 2048 against hidden 1024: attn_output's rows are twice the others' (Gemma 3: 1024 against 640).
+    "qwen3-0.6b": (1024, 3072, 16, 8, 128, 151936, ("Q4_0", "Q8_0")),
+    "gemma3-270m": (640, 2048, 4, 1, 256, 262144, ("Q4_0", "Q8_0")),
 }
 DRAM_BYTES = 512 << 20  # the copies of one weight together: ~10 times the H200's L2
 DRAM_REPLAYS = 5
@@ -251,14 +255,15 @@ def time_dram_product(
     return start.elapsed_ms(end) * 1000.0 / (DRAM_REPLAYS * n_copies)
 
 
-def dram_table(rng: np.random.Generator, stream: mk.Stream) -> None:
-    """Each product of a decode step with its weight in DRAM, on each one-token kernel that reads its type; then,
-    per type and path, a layer's four products (no attention) alone, their times summed, and chained, one launch
-    after the other as in a step: the difference is what their boundaries cost or save (two int8 launches in a
-    row, say, against a CUDA-core one before an int8 one)."""
+def dram_table(rng: np.random.Generator, stream: mk.Stream, models: list[str]) -> None:
+    """Each product of the decode steps of `models` (DECODE_MODELS' names) with its weight in DRAM, on each
+    one-token kernel that reads its type; then, per type and path, a layer's four products (no attention) alone,
+    their times summed, and chained, one launch after the other as in a step: the difference is what their
+    boundaries cost or save (two int8 launches in a row, say, against a CUDA-core one before an int8 one)."""
     h = stream.handle
     print(f"\n{'decode product, weights in DRAM':52s} {'path':>10s} {'us/launch':>10s} {'GB/s':>8s}")
-    for model, (*dims, types) in DECODE_MODELS.items():
+    for model in models:
+        *dims, types = DECODE_MODELS[model]
         buffers = DecodeBuffers(rng, h, tuple(dims))
         for type_name in types:
             t = mk.GGMLType[type_name]
@@ -288,10 +293,17 @@ INT8_TYPES = {t for t in mk.GGMLType if t.name not in ("F32", "BF16")}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dram", action="store_true", help="the DRAM table of decode's products alone")
+    parser.add_argument(
+        "--models", default=",".join(DECODE_MODELS), help="the DRAM table's models, comma-separated (default all)"
+    )
     args = parser.parse_args()
+    models = [model for model in args.models.split(",") if model]
+    unknown = [model for model in models if model not in DECODE_MODELS]
+    if unknown or not models:
+        parser.error(f"--models: no model {', '.join(unknown) or '(none given)'}; known: {', '.join(DECODE_MODELS)}")
     rng = np.random.default_rng(0)
     if args.dram:
-        dram_table(rng, mk.Stream())
+        dram_table(rng, mk.Stream(), models)
         return
     stream = mk.Stream()
     h = stream.handle
@@ -435,7 +447,7 @@ def main() -> None:
         us = time_per_launch_us(launch, stream)
         print(f"{name:52s} {us:10.2f} {flops / us / 1e6:8.1f}")
     mk.sync(h)
-    dram_table(rng, stream)
+    dram_table(rng, stream, models)
 
 
 if __name__ == "__main__":
