@@ -4,8 +4,9 @@ and Llama-3.2-1B's GEMMs): microseconds per launch and TFLOP/s; then decode's pr
 Llama-3.2-1B's shapes (or those --models names: Qwen3-0.6B's and Gemma 3 270M's too) with their weights in DRAM,
 on both one-token kernels.
 
-    python packages/minfer-kernels/bench/bench_kernels.py [--dram] [--models M,...]
-        (--dram: the last table alone; --models: its models, of DECODE_MODELS, default DEFAULT_DRAM_MODELS)
+    python packages/minfer-kernels/bench/bench_kernels.py [--dram] [--models M,...] [--attention]
+        (--dram: the last table alone; --models: its models, of DECODE_MODELS, default DEFAULT_DRAM_MODELS;
+        --attention: decode attention alone, each family over ATTENTION_SWEEP's cache lengths and splits)
 
 Each case of the first two tables is launched a few times to warm up, then N times between two CUDA events on
 one stream; the table shows the mean time per launch and the bytes the kernel must move divided by that time
@@ -71,6 +72,53 @@ def time_per_launch_us(launch: Callable[[], None], stream: mk.Stream) -> float:
     end.record(stream.handle)
     end.synchronize()
     return start.elapsed_ms(end) * 1000.0 / REPEATS
+
+
+# --attention's grid: cache rows, then the splits of a launch, each family at each on each cache type. So a depth's
+# cost parts: rows a split (a tile's round trip and phases) against the splits (the merge, the blocks).
+ATTENTION_SWEEP_ROWS = (64, 512, 1024, 2048, 4096, 8192)
+ATTENTION_SWEEP_SPLITS = (1, 8, 16, 32, 64, 128)
+
+
+def attention_decode_case(
+    floats: Callable[..., int],
+    keep: list[mk.DeviceBuffer],
+    h: int,
+    kv_len: int,
+    n_splits: int,
+    cache_type: mk.GGMLType,
+    family: AttentionShape = QWEN2,
+) -> tuple[str, int, Callable[[], None]]:
+    """(name, bytes moved, launch): one decode attention launch over kv_len cache rows in n_splits splits; `floats`
+    uploads random values (main's), `keep` holds the buffers."""
+    kv_dim, dtype = family.kv_heads * family.head_dim, CACHE_DTYPES[cache_type]
+    k_cache, v_cache = floats(kv_len * kv_dim, dtype), floats(kv_len * kv_dim, dtype)
+    q_heads = floats(family.heads * family.head_dim)
+    attn_out, length = floats(family.heads * family.head_dim), mk.upload(np.array([kv_len], np.int32), h)
+    workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(family.heads, family.head_dim, n_splits))
+    keep.extend([length, workspace])
+    head_norm = kernels.NO_HEAD_NORM
+    if family.head_norm:  # q's and the newest k row's norms and rotation, as Qwen3's and Gemma 3's decode runs
+        head_inv_freq = mk.upload(1e6 ** (-2.0 * np.arange(family.head_dim // 2) / family.head_dim), h)
+        keep.append(head_inv_freq)
+        norm_weights = floats(family.head_dim), floats(family.head_dim)
+        head_norm = (*norm_weights, 1e-6, family.head_dim, head_inv_freq.ptr, 1.0, kernels.ROPE_NEOX)
+    return (
+        f"attention decode{family.label} kv={kv_len} splits={n_splits}{cache_label(cache_type)}",
+        2 * mk.row_bytes(cache_type, kv_len * kv_dim),
+        lambda: kernels.attention_decode_f32(
+            q_heads, k_cache, v_cache, attn_out, length.ptr, workspace.ptr, family.heads, family.kv_heads,
+            family.head_dim, kv_len, family.head_dim**-0.5, 0, n_splits, *head_norm, cache_type, h,
+        ),
+    )  # fmt: skip
+
+
+def print_cases(cases: list[tuple[str, int, Callable[[], None]]], stream: mk.Stream) -> None:
+    """The microseconds of each case's launch and the bytes it moves per second."""
+    print(f"{'case':52s} {'us/launch':>10s} {'GB/s':>8s}")
+    for name, moved, launch in cases:
+        us = time_per_launch_us(launch, stream)
+        print(f"{name:52s} {us:10.2f} {moved / us / 1e3:8.1f}")
 
 
 def prefill_cases(
@@ -297,6 +345,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dram", action="store_true", help="the DRAM table of decode's products alone")
     parser.add_argument(
+        "--attention", action="store_true", help="decode attention alone, over ATTENTION_SWEEP's rows and splits"
+    )
+    parser.add_argument(
         "--models",
         default=",".join(DEFAULT_DRAM_MODELS),
         help=f"the DRAM table's models, comma-separated, of: {', '.join(DECODE_MODELS)} (default the first two)",
@@ -324,6 +375,17 @@ def main() -> None:
         keep.append(buffer)
         return buffer.ptr
 
+    if args.attention:
+        print(f"minfer-kernels decode attention on {mk.devices()[0].name} ({REPEATS} launches per case)")
+        sweep = [
+            attention_decode_case(floats, keep, h, kv_len, n_splits, cache_type, family)
+            for family in (QWEN2, LLAMA_1B, QWEN3, GEMMA3)
+            for kv_len in ATTENTION_SWEEP_ROWS
+            for n_splits in ATTENTION_SWEEP_SPLITS
+            for cache_type in CACHE_DTYPES
+        ]
+        print_cases(sweep, stream)
+        return
     cases: list[tuple[str, int, Callable[[], None]]] = []
 
     def matmul_case(ggml_type: mk.GGMLType, n_in: int, n_out: int, n_tokens: int, label: str) -> None:
@@ -401,28 +463,7 @@ def main() -> None:
     )
 
     def attention_case(kv_len: int, n_splits: int, cache_type: mk.GGMLType, family: AttentionShape = QWEN2) -> None:
-        kv_dim, dtype = family.kv_heads * family.head_dim, CACHE_DTYPES[cache_type]
-        k_cache, v_cache = floats(kv_len * kv_dim, dtype), floats(kv_len * kv_dim, dtype)
-        q_heads = floats(family.heads * family.head_dim)
-        attn_out, length = floats(family.heads * family.head_dim), mk.upload(np.array([kv_len], np.int32), h)
-        workspace = mk.DeviceBuffer(kernels.attention_decode_workspace_bytes(family.heads, family.head_dim, n_splits))
-        keep.extend([length, workspace])
-        head_norm = kernels.NO_HEAD_NORM
-        if family.head_norm:  # q's and the newest k row's norms and rotation, as Qwen3's and Gemma 3's decode runs
-            head_inv_freq = mk.upload(1e6 ** (-2.0 * np.arange(family.head_dim // 2) / family.head_dim), h)
-            keep.append(head_inv_freq)
-            norm_weights = floats(family.head_dim), floats(family.head_dim)
-            head_norm = (*norm_weights, 1e-6, family.head_dim, head_inv_freq.ptr, 1.0, kernels.ROPE_NEOX)
-        cases.append(
-            (
-                f"attention decode{family.label} kv={kv_len} splits={n_splits}{cache_label(cache_type)}",
-                2 * mk.row_bytes(cache_type, kv_len * kv_dim),
-                lambda: kernels.attention_decode_f32(
-                    q_heads, k_cache, v_cache, attn_out, length.ptr, workspace.ptr, family.heads, family.kv_heads,
-                    family.head_dim, kv_len, family.head_dim**-0.5, 0, n_splits, *head_norm, cache_type, h,
-                ),
-            )
-        )  # fmt: skip
+        cases.append(attention_decode_case(floats, keep, h, kv_len, n_splits, cache_type, family))
 
     # Short caches (one split of 32+ rows), depth 2048 with the backend's 64 splits against fewer or more, and 4096
     # rows; each on each cache type.
@@ -443,10 +484,7 @@ def main() -> None:
 
     device_name = mk.devices()[0].name
     print(f"minfer-kernels microbench on {device_name} ({REPEATS} launches per case)")
-    print(f"{'case':52s} {'us/launch':>10s} {'GB/s':>8s}")
-    for name, moved, launch in cases:
-        us = time_per_launch_us(launch, stream)
-        print(f"{name:52s} {us:10.2f} {moved / us / 1e3:8.1f}")
+    print_cases(cases, stream)
     print(f"\n{'prefill case':52s} {'us/launch':>10s} {'TFLOP/s':>8s}")
     for name, flops, launch in prefill_cases(device, floats, keep, h):
         us = time_per_launch_us(launch, stream)
