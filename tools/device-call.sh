@@ -26,7 +26,9 @@
 #   timeline SPEC...
 #                  this tree built and installed (gpu-check.sh's build and install, none of its steps), then
 #                  tools/timeline.py on each model at each of MINFER_TIMELINE_DEPTHS (default "0 2048"): the decode
-#                  step's kernels as the GPU overlaps them
+#                  step's kernels as the GPU overlaps them; with MINFER_TIMELINE_TREES (say "main exp-..."), on each
+#                  of those trees in turn, as an earlier ab step of this machine built them (/tmp/ab-site/NAME;
+#                  "this": this tree, built and installed as above), so a same-call A/B shows which kernel moved
 #   profile SPEC...
 #                  this tree built and installed as for timeline, then Nsight Compute (ncu, clocks as they run) on
 #                  each model's first decode kernels at each of MINFER_PROFILE_DEPTHS (default "0 2048"): the kernels
@@ -180,14 +182,27 @@ step() {
                 SHAPES="$*" bash tools/bench-vs-llamacpp.sh ${MINFER_TABLE_ARGS:-} 2>&1 \
                 | tee "${OUT:-$BENCH_DIR}/table.log" ;;
         timeline)
-            install_this_tree timeline || return 1
+            local trees=${MINFER_TIMELINE_TREES:-this} tree spec depth failed=0
+            for tree in $trees; do
+                [ "$tree" = this ] || [ -d "/tmp/ab-site/$tree" ] || {
+                    echo "device-call: no /tmp/ab-site/$tree: an ab step of this machine builds the prepared trees" >&2
+                    return 1
+                }
+            done
+            if [[ " $trees " == *" this "* ]]; then install_this_tree timeline || return 1; fi
             while [ -f "$WRITING" ]; do sleep 2; done
-            local spec depth failed=0
             for spec; do
                 write_model "$spec" || { echo "device-call: $(model_path "$spec") was not written" >&2; return 1; }
                 for depth in ${MINFER_TIMELINE_DEPTHS:-0 2048}; do
-                    echo "--- $spec at depth $depth"
-                    "$PYTHON" tools/timeline.py "$(model_path "$spec")" -d "$depth" || failed=1
+                    for tree in $trees; do
+                        echo "--- $spec at depth $depth${MINFER_TIMELINE_TREES:+ ($tree)}"
+                        if [ "$tree" = this ]; then
+                            "$PYTHON" tools/timeline.py "$(model_path "$spec")" -d "$depth" || failed=1
+                        else
+                            PYTHONPATH=/tmp/ab-site/$tree:$PYTHONPATH "$PYTHON" tools/timeline.py \
+                                "$(model_path "$spec")" -d "$depth" || failed=1
+                        fi
+                    done
                 done
             done
             return $failed ;;
