@@ -6,7 +6,7 @@ on both one-token kernels.
 
     python packages/minfer-kernels/bench/bench_kernels.py [--dram] [--models M,...] [--attention]
         (--dram: the last table alone; --models: its models, of DECODE_MODELS, default DEFAULT_DRAM_MODELS;
-        --attention: decode attention alone, each family over ATTENTION_SWEEP's cache lengths and splits)
+        --attention: decode attention alone, each family over ATTENTION_SWEEP_ROWS x ATTENTION_SWEEP_SPLITS)
 
 Each case of the first two tables is launched a few times to warm up, then N times between two CUDA events on
 one stream; the table shows the mean time per launch and the bytes the kernel must move divided by that time
@@ -74,8 +74,8 @@ def time_per_launch_us(launch: Callable[[], None], stream: mk.Stream) -> float:
     return start.elapsed_ms(end) * 1000.0 / REPEATS
 
 
-# --attention's grid: cache rows, then the splits of a launch, each family at each on each cache type. So a depth's
-# cost parts: rows a split (a tile's round trip and phases) against the splits (the merge, the blocks).
+# --attention's grid: each family at each count of cache rows, in each count of splits, on each cache type. It splits
+# a depth's cost in two: the rows a block walks (its tiles' round trips and phases) and the splits it merges.
 ATTENTION_SWEEP_ROWS = (64, 512, 1024, 2048, 4096, 8192)
 ATTENTION_SWEEP_SPLITS = (1, 8, 16, 32, 64, 128)
 
@@ -345,7 +345,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dram", action="store_true", help="the DRAM table of decode's products alone")
     parser.add_argument(
-        "--attention", action="store_true", help="decode attention alone, over ATTENTION_SWEEP's rows and splits"
+        "--attention", action="store_true", help="decode attention alone, each family over cache rows x splits"
     )
     parser.add_argument(
         "--models",
