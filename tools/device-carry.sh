@@ -84,12 +84,16 @@ pack() {
         || return 1
     add_to_plan .whl "$(du -sb .whl | cut -f1)"
     add_to_plan "$DEVICE/llama-src.tar.xz" "$(stat -c %s "$DEVICE/llama-src.tar.xz")"
-    local name file
+    # The models are found by minfer itself: nox -s run's environment has it on a fresh checkout, where python3
+    # has not (PYTHON names another).
+    local name file python=python3
+    [ -x .nox/run/bin/python ] && python=.nox/run/bin/python
+    python=${PYTHON:-$python}
     for name in smollm2 gemma3; do
-        file=$("${PYTHON:-python3}" -c "from minfer.model_store import resolve_model; print(resolve_model('$name'))" \
+        file=$("$python" -c "from minfer.model_store import resolve_model; print(resolve_model('$name'))" \
             2>/dev/null) || {
-            echo "device-carry: $name is not installed here (nox -s run installs the default model, minfer pull" \
-                "gemma3 the other): not packed" >&2
+            echo "device-carry: $name is not installed for $python (nox -s run installs the default model, minfer" \
+                "pull gemma3 the other; PYTHON names a python with minfer): not packed" >&2
             continue
         }
         pack_model "$name" "$file" || return 1
