@@ -16,7 +16,8 @@
 #                  /tmp/minfer-bench/PRESET-TYPE[-head-HEAD].gguf, gpu-ab.sh's name)
 #   ab SPEC...     tools/gpu-ab.sh run on those models (written first where missing, after any background writer
 #                  is done); its knobs pass through (MINFER_AB_ROUNDS defaults to 2 here); with MINFER_AB_KERNELS
-#                  set, no SPEC: the microbenchmark instead of models
+#                  set, no SPEC: the microbenchmark instead of models; the call's ab steps each add their table to
+#                  $OUT/ab.md
 #   table SHAPE... issue 17's table (tools/bench-vs-llamacpp.sh) on these synthetic shapes (none: only the files
 #                  that MINFER_TABLE_ARGS names, `--models FILE,...`; its other flags pass through it too): this tree
 #                  built and installed as for timeline, the models written while llama.cpp's background build

@@ -23,8 +23,8 @@
 # packages/minfer-kernels/bench/bench_kernels.py, on each tree's kernels instead of `minfer bench` on models; its
 # value is the microbenchmark's flags, `--dram` for the table of decode's products with their weights in DRAM, or
 # `all` for every table; the table then compares microseconds a launch, row by row). Wheels in ./.whl/ are
-# installed first, as tools/gpu-check.sh does. Logs and the table: $OUT when the device tool runs this, else
-# build/gpu-ab.
+# installed first, as tools/gpu-check.sh does. Logs and the tables: $OUT when the device tool runs this, else
+# build/gpu-ab; each run adds its table to ab.md there, and its measurements to ab.csv (ab-kernels.tsv).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -160,6 +160,10 @@ microbench() {
          gsub(/[ ]+/, " ", name); print tree "\t" round "\t" name "\t" $(NF - 1) }'
 }
 
+# This run's measurements, from which its table is made; both are then added to what the earlier runs with these
+# logs left (ab.csv or ab-kernels.tsv, and ab.md), so the A/Bs of one device call keep every table: the call returns
+# at most 8 files, and its output only its last 12,000 characters.
+RUN_DATA=$(mktemp)
 REVISIONS=()
 for name in "${NAMES[@]}"; do
     if [ "$name" = this ]; then REVISIONS+=("this=the working tree"); else
@@ -171,8 +175,9 @@ if [ -n "${MINFER_AB_KERNELS:-}" ]; then
         for i in "${!NAMES[@]}"; do  # who goes first rotates, as below
             microbench "${NAMES[$(((i + round - 1) % ${#NAMES[@]}))]}" "$round"
         done
-    done > "$LOGS/ab-kernels.tsv"
-    "$PYTHON" - "$LOGS/ab-kernels.tsv" "${REVISIONS[@]}" <<'PY' | tee "$LOGS/ab.md"
+    done > "$RUN_DATA"
+    cat "$RUN_DATA" >> "$LOGS/ab-kernels.tsv"
+    "$PYTHON" - "$RUN_DATA" "${REVISIONS[@]}" <<'PY' | tee -a "$LOGS/ab.md"
 """The table: per microbenchmark row, each tree's microseconds a launch per round, their mean and its change
 against the baseline (the first tree; negative is faster)."""
 import statistics
@@ -198,6 +203,7 @@ for row, by_tree in runs.items():
         mean = statistics.mean(times)
         change = "" if name == trees[0][0] else f"{100 * (mean / baseline - 1):+.1f}%"
         print(f"| {row} | {name} | {' / '.join(f'{t:.2f}' for t in times)} | {mean:.2f} | {change} |")
+print()  # the next run's table starts apart
 PY
     exit 0
 fi
@@ -208,8 +214,9 @@ for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
             bench "${NAMES[$(((i + round - 1) % ${#NAMES[@]}))]}" "$model" "$round"
         done
     done
-done > "$LOGS/ab.csv"
-"$PYTHON" - "$LOGS/ab.csv" "${REVISIONS[@]}" <<'PY' | tee "$LOGS/ab.md"
+done > "$RUN_DATA"
+cat "$RUN_DATA" >> "$LOGS/ab.csv"
+"$PYTHON" - "$RUN_DATA" "${REVISIONS[@]}" <<'PY' | tee -a "$LOGS/ab.md"
 """The table: per model and test, each tree's t/s per round (with the bench's own standard deviation over its
 repetitions), their mean and its change against the baseline (the first tree)."""
 import csv
@@ -249,4 +256,5 @@ for (model, test), by_tree in runs.items():
         change = "" if name == trees[0][0] else f"{100 * (mean / baseline - 1):+.1f}%"
         per_round = " / ".join(f"{r:.0f} ± {sd:.0f}" for r, sd in rates)
         print(f"| {model} | {test} | {name} | {per_round} | {mean:.0f} | {change} |")
+print()  # the next run's table starts apart
 PY
