@@ -132,19 +132,21 @@ def quantize(weights: np.ndarray, ggml_type: mk.GGMLType) -> tuple[np.ndarray, n
     return raw, values
 
 
-def random_blocks(rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType) -> tuple[np.ndarray, np.ndarray]:
+def random_blocks(
+    rng: np.random.Generator, rows: int, n: int, ggml_type: mk.GGMLType, scale_sigma: float = 0.01
+) -> tuple[np.ndarray, np.ndarray]:
     """(GGUF bytes [rows][row_bytes] of random valid blocks, their values from gguf.quants.dequantize).
 
     Every byte is random (quants, high bits, packed scales and mins, sub-block scales) except the float16
-    scales (HALF_SCALES), drawn from N(0, 0.01^2): random bits there would give infinities and NaNs, and ~0.01
-    keeps the values within a few tens.
+    scales (HALF_SCALES), drawn from N(0, scale_sigma^2): random bits there would give infinities and NaNs, and
+    the default ~0.01 keeps the values within a few tens.
     """
     qtype = GGUF_TYPES[ggml_type]
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     assert n % block_values == 0, f"{ggml_type.name} rows are whole {block_values}-value blocks, not {n} values"
     blocks = rng.integers(0, 256, (rows, n // block_values, block_bytes), dtype=np.uint8)
     first, count = HALF_SCALES[ggml_type]
-    scales = (rng.standard_normal((rows, n // block_values, count)) * 0.01).astype(np.float16)
+    scales = (rng.standard_normal((rows, n // block_values, count)) * scale_sigma).astype(np.float16)
     blocks[..., first : first + 2 * count] = scales.view(np.uint8)
     raw = blocks.reshape(rows, -1)
     assert raw.shape[1] == mk.row_bytes(ggml_type, n), "the kernels' row size disagrees with GGUF"

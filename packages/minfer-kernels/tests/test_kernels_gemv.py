@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from kernel_testing import (
+    HALF_SCALES,
     SUPER_BLOCK_TYPES,
     assert_close,
     from_device,
@@ -28,6 +29,7 @@ from kernel_testing import (
     poisoned,
     quantize,
     randn,
+    random_blocks,
     random_weights,
     requires_gpu,
     rms_norm,
@@ -221,6 +223,23 @@ def test_gemv_int8(rng, stream, dev, ggml_type, shape, norm):
     """The tensor-core path against float64: x in three int8 parts (two f16 ones for F16 rows) keeps it to
     ~2^-22 of each block's largest value, inside the float32 bound the CUDA-core GEMV is held to."""
     check_gemv(kernels.gemv_int8, rng, stream, dev, ggml_type, shape, norm)
+
+
+@requires_sm90
+@pytest.mark.parametrize("ggml_type", [t for t in INT8_TYPES if t in HALF_SCALES], ids=lambda t: t.name)
+def test_gemv_int8_keeps_a_tiny_block_against_tiny_weight_scales(rng, stream, dev, ggml_type):
+    """A 1e-30 block of x against weight scales of ~1e-6 (random blocks drew one such scale in ~10^4 rows at
+    N(0, 0.01^2), and a suite run failed on it): the third part's scale, 2^-21 of the block's, is ~1e-38, and
+    taken times the weight's scale before the sum it would fall among float32's subnormals and lose the part."""
+    in_features, out_features = 256, 64
+    raw, values = random_blocks(rng, out_features, in_features, ggml_type, scale_sigma=1e-6)
+    x = np.zeros(in_features, np.float32)
+    x[:32] = randn(rng, 32, scale=1e-30)
+    y = poisoned(out_features, np.float32, stream)
+    kernels.gemv_int8(dev(raw), ggml_type, dev(x), 0, EPS, 0, y.ptr, in_features, out_features, stream.handle)
+    product, condition = references(values, x)
+    got = from_device(y, out_features, np.float32, stream)
+    assert_close(got, product, MATMUL_RTOL[ggml_type], scale=condition, what=f"{ggml_type.name}, tiny weight scales")
 
 
 @requires_sm90

@@ -884,8 +884,11 @@ __device__ __forceinline__ void slice_products(const std::uint8_t* const (&rows)
                 mma_int8(d, a, x[k].b0, x[k].b1, x[k].zero0, x[k].zero1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
+                    // The sum times the weight's scale first: x's scale for the third part is 2^-21 of its block's,
+                    // ~1e-38 for a block of ~1e-30, and times a small weight scale first it would fall among the
+                    // subnormals and lose the part (docs/PERFORMANCE.md, session 56).
                     sums[tile][h] +=
-                        float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * (Format::scale(w[h].block[k]) * x[k].scale);
+                        float(d[2 * h] * PART_SCALE + d[2 * h + 1]) * Format::scale(w[h].block[k]) * x[k].scale;
                     if constexpr (Format::OFFSETS != Offsets::NONE)
                         sums[tile][h] += Format::offset(w[h].block[k]) * x[k].offset_sum;
                 }
