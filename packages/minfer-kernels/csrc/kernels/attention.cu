@@ -49,6 +49,7 @@ constexpr int DECODE_WARPS = DECODE_THREADS / WARP_SIZE;
 constexpr int DECODE_LANES_PER_ROW = 8;                                      // lanes scoring one cache row
 constexpr int DECODE_ROWS_PER_STEP = DECODE_THREADS / DECODE_LANES_PER_ROW;  // 32 rows scored at once
 constexpr int DECODE_MAX_GROUP = 16;    // query heads per KV head that decode serves (an accumulator each)
+constexpr int DECODE_HEAD_BATCH = 4;    // heads a V pass accumulates at once (their weight loads together)
 constexpr int DECODE_REDUCE_HEADS = 4;  // heads per pass of the end-of-split reduction (16 KB of shared memory)
 constexpr int DECODE_MERGE_BATCH = 16;  // partial states a merging thread loads at once
 constexpr int MAX_SPLITS = 256;
@@ -114,7 +115,13 @@ struct DecodeTile {
     static constexpr int ROWS = STEPS * DECODE_ROWS_PER_STEP;                    // rows of a tile
     static constexpr int ROW_GROUPS = DECODE_THREADS / ROW_CHUNKS;              // threads sharing a V chunk
     static constexpr int V_ROWS = (ROWS + ROW_GROUPS - 1) / ROW_GROUPS;         // V rows a thread holds a tile
+    static constexpr bool V_ROWS_EXACT = ROWS % ROW_GROUPS == 0;                // every thread's V rows inside
+    // Query heads scored at once: as many as 32 q values a lane allow (8 at head 32, 4 at 64, 2 at 128, 1 from
+    // 160), so that their q loads, dots and shuffles are independent instructions the warp interleaves.
+    static constexpr int SCORE_HEADS = LANE_CHUNKS * 4 >= 32 ? 1 : 32 / (LANE_CHUNKS * 4);
+    static_assert(DECODE_MAX_GROUP % SCORE_HEADS == 0, "a score batch stays inside q_scaled and weights");
 };
+static_assert(DECODE_MAX_GROUP % DECODE_HEAD_BATCH == 0, "a V batch stays inside acc, rescale and weights");
 
 // What decode needs to norm and rotate q and the newest k row itself (attention_decode's HEAD_NORM): the
 // weights of q's and k's per-head norms (head_dim each), their epsilon, and the rotation (rope.cuh).
@@ -158,9 +165,11 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
 // The block walks its split a tile at a time. Every K and V load of a tile is issued first (one memory
 // round trip per tile; the first tile's overlaps staging q in shared memory, except under HEAD_NORM, below,
 // which stages q before the loop). Each K row is read once and scored against every query head of the group
-// (q from shared memory); the scores go to shared memory, a warp per head takes the tile's maximum and turns
-// them into weights exp2(score - max) with the online-softmax rescaling; then each thread adds its V rows,
-// weighted, into one float4 accumulator per head. At the end the threads holding the same chunk sum their
+// (q from shared memory, DecodeTile::SCORE_HEADS heads at once); the scores go to shared memory, a warp per head
+// takes the tile's maximum and turns them into weights exp2(score - max) with the online-softmax rescaling; then
+// each thread adds its V rows, weighted, into one float4 accumulator per head (DECODE_HEAD_BATCH heads at once).
+// Scoring one head after another, each head's q loads and shuffles waited for the last head's, ~120-130 cycles
+// a head (docs/PERFORMANCE.md, row 85). At the end the threads holding the same chunk sum their
 // accumulators through shared memory.
 //
 // With one split the block writes the output. With several, each writes its partial state; the last
@@ -313,17 +322,29 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         for (int step = 0; step < Tile::STEPS; ++step) {
             const int tile_row = step * DECODE_ROWS_PER_STEP + step_row;
             const bool inside = tile + tile_row < end;
-            for (int h = 0; h < group_size; ++h) {
-                float dot = 0.0f;
+            // SCORE_HEADS heads at once: a batch past group_size reads q_scaled's unused heads (DECODE_MAX_GROUP
+            // divides into batches) and stores nothing for them.
+            for (int batch = 0; batch < group_size; batch += Tile::SCORE_HEADS) {
+                float dot[Tile::SCORE_HEADS] = {};
 #pragma unroll
                 for (int c = 0; c < Tile::LANE_CHUNKS; ++c) {
-                    const float4 qc = q_scaled[h * ROW_CHUNKS + c * DECODE_LANES_PER_ROW + slice];
-                    dot += (k[step][c].x * qc.x + k[step][c].y * qc.y) + (k[step][c].z * qc.z + k[step][c].w * qc.w);
+#pragma unroll
+                    for (int j = 0; j < Tile::SCORE_HEADS; ++j) {
+                        const float4 qc = q_scaled[(batch + j) * ROW_CHUNKS + c * DECODE_LANES_PER_ROW + slice];
+                        const float4 kc = k[step][c];
+                        dot[j] += (kc.x * qc.x + kc.y * qc.y) + (kc.z * qc.z + kc.w * qc.w);
+                    }
                 }
 #pragma unroll
-                for (int offset = DECODE_LANES_PER_ROW / 2; offset > 0; offset /= 2)
-                    dot += __shfl_xor_sync(FULL_WARP, dot, offset);
-                if (slice == 0) weights[h][tile_row] = inside ? dot : -INFINITY;
+                for (int offset = DECODE_LANES_PER_ROW / 2; offset > 0; offset /= 2) {
+#pragma unroll
+                    for (int j = 0; j < Tile::SCORE_HEADS; ++j) dot[j] += __shfl_xor_sync(FULL_WARP, dot[j], offset);
+                }
+                if (slice == 0) {
+#pragma unroll
+                    for (int j = 0; j < Tile::SCORE_HEADS; ++j)
+                        if (batch + j < group_size) weights[batch + j][tile_row] = inside ? dot[j] : -INFINITY;
+                }
             }
         }
         __syncthreads();
@@ -350,22 +371,39 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         __syncthreads();
 
         if (v_group < Tile::ROW_GROUPS) {
+            // DECODE_HEAD_BATCH heads at once, their rescales and weights loaded together before the products. A
+            // batch's heads past group_size are computed from shared memory no pass wrote and never read. A thread's
+            // last V row may lie past the tile where the row groups do not divide it (head 96, 160, 192): the check
+            // compiles away for the other head sizes.
+            const auto holds_row = [&](int i) {
+                return Tile::V_ROWS_EXACT || v_group + i * Tile::ROW_GROUPS < Tile::ROWS;
+            };
 #pragma unroll
-            for (int h = 0; h < DECODE_MAX_GROUP; ++h) {
-                if (h >= group_size) break;
-                const float scale = rescale[h];
-                float4 a = make_float4(acc[h].x * scale, acc[h].y * scale, acc[h].z * scale, acc[h].w * scale);
+            for (int batch = 0; batch < DECODE_MAX_GROUP; batch += DECODE_HEAD_BATCH) {
+                if (batch >= group_size) break;
+                float scale[DECODE_HEAD_BATCH], w[DECODE_HEAD_BATCH][Tile::V_ROWS];
 #pragma unroll
-                for (int i = 0; i < Tile::V_ROWS; ++i) {
-                    const int tile_row = v_group + i * Tile::ROW_GROUPS;
-                    if (tile_row >= Tile::ROWS) break;
-                    const float w = weights[h][tile_row];
-                    a.x += w * v[i].x;
-                    a.y += w * v[i].y;
-                    a.z += w * v[i].z;
-                    a.w += w * v[i].w;
+                for (int j = 0; j < DECODE_HEAD_BATCH; ++j) {
+                    scale[j] = rescale[batch + j];
+#pragma unroll
+                    for (int i = 0; i < Tile::V_ROWS; ++i) {
+                        const int tile_row = v_group + i * Tile::ROW_GROUPS;
+                        w[j][i] = holds_row(i) ? weights[batch + j][tile_row] : 0.0f;
+                    }
                 }
-                acc[h] = a;
+#pragma unroll
+                for (int j = 0; j < DECODE_HEAD_BATCH; ++j) {
+                    float4& a = acc[batch + j];
+                    a = make_float4(a.x * scale[j], a.y * scale[j], a.z * scale[j], a.w * scale[j]);
+#pragma unroll
+                    for (int i = 0; i < Tile::V_ROWS; ++i) {
+                        if (!holds_row(i)) continue;  // the clamped row past the tile is not added, even times 0
+                        a.x += w[j][i] * v[i].x;
+                        a.y += w[j][i] * v[i].y;
+                        a.z += w[j][i] * v[i].z;
+                        a.w += w[j][i] * v[i].w;
+                    }
+                }
             }
         }
     }
