@@ -24,7 +24,8 @@
 # value is the microbenchmark's flags, `--dram` for the table of decode's products with their weights in DRAM, or
 # `all` for every table; the table then compares microseconds a launch, row by row). Wheels in ./.whl/ are
 # installed first, as tools/gpu-check.sh does. Logs and the tables: $OUT when the device tool runs this, else
-# build/gpu-ab; each run adds its table to ab.md there, and its measurements to ab.csv (ab-kernels.tsv).
+# build/gpu-ab; each run adds its table to ab.md there, and its measurements to ab.csv (ab-kernels.tsv); what its
+# benches wrote to bench-errors.log there follows its table.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -160,6 +161,16 @@ microbench() {
          gsub(/[ ]+/, " ", name); print tree "\t" round "\t" name "\t" $(NF - 1) }'
 }
 
+# What this run's benches write to bench-errors.log, each distinct line once, printed after its table: a flag that
+# `minfer bench` refuses leaves a model with no rows at all, which the table cannot mark "no result" (session 58:
+# `-d 8192` without `--ctx-size` gave an empty table).
+ERRORS_FROM=$(($(cat "$LOGS/bench-errors.log" 2>/dev/null | wc -c) + 1))
+report_errors() {
+    local said
+    said=$(tail -c "+$ERRORS_FROM" "$LOGS/bench-errors.log" 2>/dev/null | sort -u | head -5)
+    [ -z "$said" ] || printf 'gpu-ab: the benches wrote to bench-errors.log (distinct lines, at most 5):\n%s\n' "$said"
+}
+
 # This run's measurements, from which its table is made; both are then added to what the earlier runs with these
 # logs left (ab.csv or ab-kernels.tsv, and ab.md), so the A/Bs of one device call keep every table: the call returns
 # at most 8 files, and its output only its last 12,000 characters.
@@ -205,7 +216,9 @@ for row, by_tree in runs.items():
         print(f"| {row} | {name} | {' / '.join(f'{t:.2f}' for t in times)} | {mean:.2f} | {change} |")
 print()  # the next run's table starts apart
 PY
-    exit 0
+    table=$?
+    report_errors
+    exit "$table"
 fi
 
 for round in $(seq 1 "${MINFER_AB_ROUNDS:-4}"); do
@@ -258,3 +271,6 @@ for (model, test), by_tree in runs.items():
         print(f"| {model} | {test} | {name} | {per_round} | {mean:.0f} | {change} |")
 print()  # the next run's table starts apart
 PY
+table=$?
+report_errors
+exit "$table"
