@@ -24,8 +24,8 @@
 # value is the microbenchmark's flags, `--dram` for the table of decode's products with their weights in DRAM, or
 # `all` for every table; the table then compares microseconds a launch, row by row). Wheels in ./.whl/ are
 # installed first, as tools/gpu-check.sh does. Logs and the tables: $OUT when the device tool runs this, else
-# build/gpu-ab; each run adds its table to ab.md there, and its measurements to ab.csv (ab-kernels.tsv); what its
-# benches wrote to bench-errors.log there follows its table.
+# build/gpu-ab; each run adds its table to ab.md there, followed by what its benches wrote to bench-errors.log
+# (each distinct line once), and its measurements to ab.csv (ab-kernels.tsv).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -161,9 +161,9 @@ microbench() {
          gsub(/[ ]+/, " ", name); print tree "\t" round "\t" name "\t" $(NF - 1) }'
 }
 
-# What this run's benches write to bench-errors.log, each distinct line once, printed after its table: a flag that
-# `minfer bench` refuses leaves a model with no rows at all, which the table cannot mark "no result" (session 58:
-# `-d 8192` without `--ctx-size` gave an empty table).
+# What this run's benches write to bench-errors.log, each distinct line once, after its table (in ab.md too): a
+# flag that `minfer bench` refuses leaves a model with no rows at all, which the table cannot mark "no result"
+# (session 58: `-d 8192` without `--ctx-size` gave an empty table).
 ERRORS_FROM=$(($(cat "$LOGS/bench-errors.log" 2>/dev/null | wc -c) + 1))
 report_errors() {
     local said
@@ -217,7 +217,7 @@ for row, by_tree in runs.items():
 print()  # the next run's table starts apart
 PY
     table=$?
-    report_errors
+    report_errors | tee -a "$LOGS/ab.md"
     exit "$table"
 fi
 
@@ -272,5 +272,5 @@ for (model, test), by_tree in runs.items():
 print()  # the next run's table starts apart
 PY
 table=$?
-report_errors
+report_errors | tee -a "$LOGS/ab.md"
 exit "$table"
