@@ -154,6 +154,15 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
     return table;
 }
 
+// Phase marks of decode attention, for tools/decode_attention_phases.cu: that tool compiles this file with
+// MINFER_DECODE_PHASES defined and a decode_phase(DecodePhase) of its own, which stamps the SM's clock at each mark
+// (thread 0 of the block: after a barrier, the slowest warp's time). Everywhere else the marks compile to nothing.
+#ifdef MINFER_DECODE_PHASES
+#define DECODE_PHASE(mark) decode_phase(DecodePhase::mark)
+#else
+#define DECODE_PHASE(mark) ((void)0)
+#endif
+
 // Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
 // kv_head, over one split of the cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
 // (kv_len is read here, so a captured graph serves every step). A split is at least a tile (DecodeTile::ROWS), so
@@ -210,6 +219,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     const int first_head = kv_head * group_size;
+    DECODE_PHASE(start);
 
     // The host writes kv_len before the step (or greedy_advance, sample.cu, at the end of the step before: a plain
     // launch, complete before this graph's first kernel starts); never the kernel this one overlaps, so it may
@@ -221,7 +231,10 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
     const int visible = kv_len - visible_from;
     const int rows_per_split = max(Tile::ROWS, ceil_div(visible, n_splits));
     const int n_active = ceil_div(visible, rows_per_split);
-    if (split >= n_active) return;  // a short cache leaves most splits empty
+    if (split >= n_active) {  // a short cache leaves most splits empty
+        DECODE_PHASE(idle);
+        return;
+    }
     const int first = visible_from + split * rows_per_split;
     const int end = min(kv_len, first + rows_per_split);
     T* k_head = k_cache + std::size_t(kv_head) * HEAD_DIM;
@@ -256,8 +269,10 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         if (holds_pair) table.angle[i] = rope_angle(kv_len - 1, frequency, head_norm.mscale);
         __syncthreads();  // the table is filled before any warp reads it
     }
+    DECODE_PHASE(prefetched);
     wait_for_previous_kernel();
     allow_next_kernel();
+    DECODE_PHASE(waited);
 
     __shared__ __align__(16) float4 q_scaled[DECODE_MAX_GROUP * ROW_CHUNKS];
     __shared__ float weights[DECODE_MAX_GROUP][Tile::ROWS];  // a tile's scores, then its softmax weights
@@ -284,6 +299,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         // The row is written before the tiles load it: the block's own global writes are visible to its loads
         // after the barrier (plain loads, not the read-only cache: no stale cached copy).
         if (norms_k) __syncthreads();
+        DECODE_PHASE(head_normed);
     }
 
     const int slice = lane % DECODE_LANES_PER_ROW;
@@ -317,6 +333,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
             }
         }
         __syncthreads();  // q is staged, and the previous tile's V pass is done with `weights`
+        DECODE_PHASE(tile_loads);
 
 #pragma unroll
         for (int step = 0; step < Tile::STEPS; ++step) {
@@ -348,6 +365,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
             }
         }
         __syncthreads();
+        DECODE_PHASE(tile_scores);
 
         for (int h = warp; h < group_size; h += DECODE_WARPS) {
             const float old_max = running_max[h];
@@ -369,6 +387,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
             }
         }
         __syncthreads();
+        DECODE_PHASE(tile_softmax);
 
         if (v_group < Tile::ROW_GROUPS) {
             // DECODE_HEAD_BATCH heads at once, their rescales and weights loaded together before the products. A
@@ -406,6 +425,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
                 }
             }
         }
+        DECODE_PHASE(tile_v);
     }
 
     // Sum the accumulators of a chunk's row groups, DECODE_REDUCE_HEADS heads a pass; thread (head, chunk)
@@ -441,7 +461,11 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
             }
         }
     }
-    if (n_active == 1) return;
+    DECODE_PHASE(reduced);
+    if (n_active == 1) {
+        DECODE_PHASE(end);
+        return;
+    }
     if (threadIdx.x < group_size)
         partial_stats[std::size_t(first_head + threadIdx.x) * n_splits + split] =
             make_float2(running_max[threadIdx.x], denominator[threadIdx.x]);
@@ -450,12 +474,17 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
     __shared__ bool merges;
     __threadfence();
     __syncthreads();
+    DECODE_PHASE(fenced);
     if (threadIdx.x == 0) {
         merges = atomicAdd(&counters[kv_head], 1) == n_active - 1;
         if (merges) atomicExch(&counters[kv_head], 0);  // ready for the next launch
     }
     __syncthreads();
-    if (!merges) return;
+    DECODE_PHASE(counted);
+    if (!merges) {
+        DECODE_PHASE(end);
+        return;
+    }
     __threadfence();
 
     // The merge: `parts` adjacent lanes share one (head, chunk) pair, each merging every parts-th split in
@@ -523,6 +552,8 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
                 make_float4(merged.x * inverse, merged.y * inverse, merged.z * inverse, merged.w * inverse);
         }
     }
+    DECODE_PHASE(merged);
+    DECODE_PHASE(end);
 }
 
 // Prefill: a block takes 16 consecutive queries of one head and walks the cache rows they can see in
