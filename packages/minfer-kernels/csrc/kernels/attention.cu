@@ -164,7 +164,8 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
 #endif
 
 // Decode: one query token. Block (split, kv_head) serves the group_size query heads that share KV head
-// kv_head, over one split of the cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
+// kv_head (or a part of them, where a short cache leaves blocks over: head_parts below), over one split of the
+// cache rows it sees, 0 .. kv_len - 1 or the window's last rows of them
 // (kv_len is read here, so a captured graph serves every step). A split is at least a tile (DecodeTile::ROWS), so
 // a cache of a tile or less is one split and one block per KV head, and a long one is cut into up to gridDim.x
 // splits of whole tiles but the last. At tg128's depths a block then walks one whole tile where two or more
@@ -213,12 +214,11 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
                      int n_ctx, float score_scale, int window, DecodeHeadNorm head_norm) {
     using Tile = DecodeTile<HEAD_DIM>;
     constexpr int ROW_CHUNKS = Tile::ROW_CHUNKS;
-    const int split = blockIdx.x;
     const int n_splits = gridDim.x;
     const int kv_head = blockIdx.y;
     const int warp = threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    const int first_head = kv_head * group_size;
+    const int group_first_head = kv_head * group_size;
     DECODE_PHASE(start);
 
     // The host writes kv_len before the step (or greedy_advance, sample.cu, at the end of the step before: a plain
@@ -231,7 +231,18 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
     const int visible = kv_len - visible_from;
     const int rows_per_split = max(Tile::ROWS, ceil_div(visible, n_splits));
     const int n_active = ceil_div(visible, rows_per_split);
-    if (split >= n_active) {  // a short cache leaves most splits empty
+    // Where the active splits leave blocks over, each split's query heads are shared among head_parts blocks
+    // (block x: split x / head_parts, part x % head_parts), so that each block's chain scores, weighs and reduces
+    // fewer heads: a short cache is then up to a block a query head, not a block a KV head. Not under HEAD_NORM,
+    // where the last split's one block norms the newest k row in place before it reads it (see below).
+    const int head_parts = HEAD_NORM ? 1 : min(group_size, n_splits / n_active);
+    const int part_heads = ceil_div(group_size, head_parts);  // query heads a part's block serves, the last fewer
+    const int parts_used = ceil_div(group_size, part_heads);
+    const int split = blockIdx.x / head_parts;
+    const int head_part = blockIdx.x % head_parts;
+    const int first_head = group_first_head + head_part * part_heads;  // the block's first query head
+    const int block_heads = min(part_heads, group_size - head_part * part_heads);
+    if (split >= n_active || head_part >= parts_used) {  // a short cache leaves most blocks empty
         DECODE_PHASE(idle);
         return;
     }
@@ -292,7 +303,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
                                      head_norm.mode, 1.0f);
         }
         float* q_heads = reinterpret_cast<float*>(q_scaled);
-        for (int h = warp; h < group_size; h += DECODE_WARPS)
+        for (int h = warp; h < block_heads; h += DECODE_WARPS)
             head_norm_rope<HEAD_DIM>(q + std::size_t(first_head + h) * HEAD_DIM, q_heads + h * HEAD_DIM,
                                      table.q_weight, table.angle, head_norm.eps, head_norm.n_rot, head_norm.mode,
                                      score_scale);
@@ -326,7 +337,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         }
         if (!HEAD_NORM && tile == first) {  // HEAD_NORM staged q before the loop
             const float4* q_group = reinterpret_cast<const float4*>(q) + std::size_t(first_head) * ROW_CHUNKS;
-            for (int i = threadIdx.x; i < group_size * ROW_CHUNKS; i += DECODE_THREADS) {
+            for (int i = threadIdx.x; i < block_heads * ROW_CHUNKS; i += DECODE_THREADS) {
                 const float4 value = q_group[i];
                 q_scaled[i] = make_float4(value.x * score_scale, value.y * score_scale, value.z * score_scale,
                                           value.w * score_scale);
@@ -339,9 +350,9 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         for (int step = 0; step < Tile::STEPS; ++step) {
             const int tile_row = step * DECODE_ROWS_PER_STEP + step_row;
             const bool inside = tile + tile_row < end;
-            // SCORE_HEADS heads at once: a batch past group_size reads q_scaled's unused heads (DECODE_MAX_GROUP
+            // SCORE_HEADS heads at once: a batch past block_heads reads q_scaled's unused heads (DECODE_MAX_GROUP
             // divides into batches) and stores nothing for them.
-            for (int batch = 0; batch < group_size; batch += Tile::SCORE_HEADS) {
+            for (int batch = 0; batch < block_heads; batch += Tile::SCORE_HEADS) {
                 float dot[Tile::SCORE_HEADS] = {};
 #pragma unroll
                 for (int c = 0; c < Tile::LANE_CHUNKS; ++c) {
@@ -360,14 +371,14 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
                 if (slice == 0) {
 #pragma unroll
                     for (int j = 0; j < Tile::SCORE_HEADS; ++j)
-                        if (batch + j < group_size) weights[batch + j][tile_row] = inside ? dot[j] : -INFINITY;
+                        if (batch + j < block_heads) weights[batch + j][tile_row] = inside ? dot[j] : -INFINITY;
                 }
             }
         }
         __syncthreads();
         DECODE_PHASE(tile_scores);
 
-        for (int h = warp; h < group_size; h += DECODE_WARPS) {
+        for (int h = warp; h < block_heads; h += DECODE_WARPS) {
             const float old_max = running_max[h];
             float tile_max = -INFINITY;
             for (int r = lane; r < Tile::ROWS; r += WARP_SIZE) tile_max = fmaxf(tile_max, weights[h][r]);
@@ -391,7 +402,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
 
         if (v_group < Tile::ROW_GROUPS) {
             // DECODE_HEAD_BATCH heads at once, their rescales and weights loaded together before the products. A
-            // batch's heads past group_size are computed from shared memory no pass wrote and never read. A thread's
+            // batch's heads past block_heads are computed from shared memory no pass wrote and never read. A thread's
             // last V row may lie past the tile where the row groups do not divide it (head 96, 160, 192): the check
             // compiles away for the other head sizes.
             const auto holds_row = [&](int i) {
@@ -399,7 +410,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
             };
 #pragma unroll
             for (int batch = 0; batch < DECODE_MAX_GROUP; batch += DECODE_HEAD_BATCH) {
-                if (batch >= group_size) break;
+                if (batch >= block_heads) break;
                 float scale[DECODE_HEAD_BATCH], w[DECODE_HEAD_BATCH][Tile::V_ROWS];
 #pragma unroll
                 for (int j = 0; j < DECODE_HEAD_BATCH; ++j) {
@@ -434,7 +445,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
 #pragma unroll
     for (int pass = 0; pass < DECODE_MAX_GROUP / DECODE_REDUCE_HEADS; ++pass) {
         const int pass_head = pass * DECODE_REDUCE_HEADS;
-        if (pass_head >= group_size) break;
+        if (pass_head >= block_heads) break;
         __syncthreads();  // the previous pass's readers are done with to_reduce
         if (v_group < Tile::ROW_GROUPS) {
 #pragma unroll
@@ -442,7 +453,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         }
         __syncthreads();
         const int h = pass_head + threadIdx.x / ROW_CHUNKS;
-        if (threadIdx.x < DECODE_REDUCE_HEADS * ROW_CHUNKS && h < group_size) {
+        if (threadIdx.x < DECODE_REDUCE_HEADS * ROW_CHUNKS && h < block_heads) {
             float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             for (int g = 0; g < Tile::ROW_GROUPS; ++g) {
                 const float4 part = to_reduce[threadIdx.x / ROW_CHUNKS][g * ROW_CHUNKS + v_chunk];
@@ -466,7 +477,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
         DECODE_PHASE(end);
         return;
     }
-    if (threadIdx.x < group_size)
+    if (threadIdx.x < block_heads)
         partial_stats[std::size_t(first_head + threadIdx.x) * n_splits + split] =
             make_float2(running_max[threadIdx.x], denominator[threadIdx.x]);
 
@@ -482,7 +493,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
     if (threadIdx.x == 0) {
         int done;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(counters + kv_head) : "memory");
-        merges = done == n_active - 1;
+        merges = done == n_active * parts_used - 1;
         if (merges) counters[kv_head] = 0;  // ready for the next launch, which reads it after this grid is done
     }
     __syncthreads();
@@ -501,7 +512,7 @@ __global__ void __launch_bounds__(DECODE_THREADS, 1)
     const int part = threadIdx.x % parts;
     for (int first_pair = 0; first_pair < pairs; first_pair += DECODE_THREADS / parts) {
         const int pair = first_pair + threadIdx.x / parts;
-        const int head = first_head + min(pair, pairs - 1) / ROW_CHUNKS;  // past the last pair: shuffle along
+        const int head = group_first_head + min(pair, pairs - 1) / ROW_CHUNKS;  // past the last pair: shuffle along
         const int chunk = min(pair, pairs - 1) % ROW_CHUNKS;
         const float2* stats = partial_stats + std::size_t(head) * n_splits;
         const float4* accs = partial_acc + std::size_t(head) * n_splits * ROW_CHUNKS + chunk;
@@ -1224,10 +1235,11 @@ extern "C" cudaError_t launch_attention_decode_f32(const float* q, void* k_cache
     int* counters = reinterpret_cast<int*>(workspace);
     auto* partial_acc = reinterpret_cast<float4*>(reinterpret_cast<char*>(workspace) + decode_counter_bytes(n_heads));
     auto* partial_stats = reinterpret_cast<float2*>(partial_acc + std::size_t(n_heads) * n_splits * (head_dim / 4));
-    // grid.x: the split of the cache rows (fixed here, so a captured graph is valid for every kv_len; the
-    // splits a short cache does not need return at once; with the head norms, the last active one's block also
-    // norms the KV head's part of the newest row); grid.y: the KV head. Block: 256 threads that share the
-    // split's rows among them (see DecodeTile), and with the head norms a warp a q head of the group.
+    // grid.x: the split of the cache rows, and at a short cache the part of the group's query heads (fixed here,
+    // so a captured graph is valid for every kv_len; the blocks a short cache does not need return at once; with
+    // the head norms, the last active one's block also norms the KV head's part of the newest row); grid.y: the KV
+    // head. Block: 256 threads that share the split's rows among them (see DecodeTile), and with the head norms a
+    // warp a q head of the group.
     const dim3 grid(n_splits, n_kv_heads);
     const int kv_dim = n_kv_heads * head_dim;
     const DecodeHeadNorm norms{q_norm, k_norm, head_eps, n_rot, inv_freq, mscale, mode};
