@@ -43,6 +43,10 @@
 #                  every 2^(5 + MINFER_SOURCE_INTERVAL) cycles (default auto: ncu's choice; 0 for short kernels); the
 #                  page into $OUT/source-SPEC-dDEPTH.csv, its summary (the MINFER_SOURCE_TOP busiest instructions,
 #                  default 25, a kernel) printed
+#   phases TREE... packages/minfer-kernels/bench/decode_attention_phases.cu of each tree ("this", or one that
+#                  tools/gpu-ab.sh prepare put in .device/ab), built for the first of MINFER_CUDA_ARCHS, all at once,
+#                  then run in turn, each for at most MINFER_PHASES_TIMEOUT s (default 60: a launch that never ends
+#                  ends there, the next tree still runs); each output also into $OUT/phases-TREE.txt
 #   eval CMD       CMD in this environment
 #
 # A call that must chain with the next one (a machine idle for 30 s is given back) should leave nothing to decide
@@ -207,10 +211,35 @@ step() {
                 done
             done
             return $failed ;;
+        phases)
+            local tree root code arch=${MINFER_CUDA_ARCHS%%[;, ]*} failed=0 kernels=packages/minfer-kernels
+            [ "$arch" = 90 ] && arch=90a  # as the build compiles sm_90
+            for tree; do
+                root=.device/ab/$tree
+                [ "$tree" = this ] && root=.
+                nvcc -std=c++17 -O3 -arch="sm_$arch" -I"$root/$kernels/csrc/kernels" -o "/tmp/phases-$tree" \
+                    "$root/$kernels/bench/decode_attention_phases.cu" "$root/$kernels/csrc/runtime.cpp" \
+                    > "$BENCH_DIR/phases-$tree-build.log" 2>&1 &
+            done
+            wait
+            for tree; do
+                echo "--- phases: $tree"
+                if [ ! -x "/tmp/phases-$tree" ]; then
+                    tail -20 "$BENCH_DIR/phases-$tree-build.log"
+                    failed=1
+                    continue
+                fi
+                timeout "${MINFER_PHASES_TIMEOUT:-60}" "/tmp/phases-$tree" 2>&1 \
+                    | tee "${OUT:-$BENCH_DIR}/phases-$tree.txt"
+                code=${PIPESTATUS[0]}  # 124: timed out
+                [ "$code" -eq 0 ] || { echo "device-call: phases of $tree ended with $code" >&2; failed=1; }
+            done
+            return $failed ;;
         profile) on_each_decode profile txt "$@" ;;
         source) on_each_decode source csv "$@" ;;
         *)
-            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, profile, source, eval)" >&2
+            echo "device-call: no step $name (suite, suite2, models, ab, table, timeline, phases, profile, source," \
+                "eval)" >&2
             return 2 ;;
     esac
 }
@@ -232,7 +261,7 @@ run_current() {
 }
 for word; do
     case $word in
-        suite | suite2 | models | ab | table | timeline | profile | source)
+        suite | suite2 | models | ab | table | timeline | phases | profile | source)
             run_current
             current=$word
             args=() ;;
