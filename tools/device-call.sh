@@ -8,7 +8,8 @@
 # and MINFER_CUDA_ARCHS (90: the device's H100s and H200s; override for another GPU).
 #
 #   suite          tools/gpu-check.sh's build, kernel tests and the kernel tests under memcheck (~8.5 min on an
-#                  H100: a call of its own)
+#                  H100: a call of its own); like suite2 it needs the carried wheels (.whl, this call's or an
+#                  earlier call's on this machine) and stops at once without them
 #   suite2         the rest of tools/gpu-check.sh (microbench, the runtime's and chat's CUDA tests with the real
 #                  models joined so far, `minfer run` under memcheck, bench, depth, op timing, the toys)
 #   models SPEC... write these synthetic models in the background, on through the call's end, for a later call's
@@ -145,14 +146,25 @@ on_each_decode() {
     return $failed
 }
 
+# wheels_installed STEP: the carried wheels are importable (the tests' conftests import gguf), or STEP fails now,
+# before its build, saying what to carry
+wheels_installed() {
+    "$PYTHON" -c "import gguf" 2>/dev/null && return 0
+    echo "device-call: $1 needs the carried wheels (no gguf in /tmp/site): carry .whl in this call or an earlier" \
+        "call on this machine" >&2
+    return 1
+}
+
 step() {
     local name=$1
     shift
     case $name in
         suite)
-            MINFER_GPU_CHECK_ONLY=kernels,memcheck bash tools/gpu-check.sh ;;
+            wheels_installed suite && MINFER_GPU_CHECK_ONLY=kernels,memcheck bash tools/gpu-check.sh ;;
         suite2)
-            MINFER_GPU_CHECK_ONLY=microbench,runtime,run-memcheck,bench,depth,op-timing,toys bash tools/gpu-check.sh ;;
+            wheels_installed suite2 \
+                && MINFER_GPU_CHECK_ONLY=microbench,runtime,run-memcheck,bench,depth,op-timing,toys \
+                    bash tools/gpu-check.sh ;;
         models)
             touch "$WRITING"
             export -f model_path write_model
