@@ -154,7 +154,7 @@ __device__ __forceinline__ DecodeHeadNormTable<HEAD_DIM>& decode_head_norm_table
     return table;
 }
 
-// Phase marks of decode attention, for tools/decode_attention_phases.cu: that tool compiles this file with
+// Phase marks of decode attention, for bench/decode_attention_phases.cu: that tool compiles this file with
 // MINFER_DECODE_PHASES defined and a decode_phase(DecodePhase) of its own, which stamps the SM's clock at each mark
 // (thread 0 of the block: after a barrier, the slowest warp's time). Everywhere else the marks compile to nothing.
 #ifdef MINFER_DECODE_PHASES
