@@ -381,23 +381,40 @@ struct GemvQ3_K {
     }
 };
 
+// The K-quant header (Q4_K's and Q5_K's first 16 bytes: d and dmin, then the 12 scale bytes) held a word a lane:
+// lane l loads word l % 4, and each lane gathers the four from its quad (shuffles within 4 lanes) once the loads
+// are back. Every lane needs all four words, but holding them from load to use cost a step 4 registers a row:
+// with RAW_BUDGET 32, a gate|up group (4 rows) of Q4_K loaded one step a batch (Q4_0's 4), so a 1024-value row
+// took four round trips to memory; one word a lane lets it load 4 steps a batch, like Q4_0. A step's lanes are all
+// valid or all not (K-quant rows are whole super-blocks), so the quad's shuffles always find their partners.
+struct KQuantHeader {
+    std::uint32_t d_and_dmin;
+    std::uint32_t scales[3];
+
+    __device__ static std::uint32_t load(const std::uint8_t* block, int lane) {
+        return load_u32(block + 4 * (lane % 4));
+    }
+    __device__ static KQuantHeader gather(std::uint32_t word) {
+        return {__shfl_sync(FULL_WARP, word, 0, 4),
+                {__shfl_sync(FULL_WARP, word, 1, 4), __shfl_sync(FULL_WARP, word, 2, 4),
+                 __shfl_sync(FULL_WARP, word, 3, 4)}};
+    }
+};
+
 // Q4_K, one super-block per step. Lane l takes bytes 4(l % 8) .. + 3 of the 32-byte group g = l / 8 of
 // qs: low nibbles are values 64g + 4(l % 8) + 0..3 (sub-block 2g, run 0), high nibbles the same + 32
 // (sub-block 2g + 1, run 1). w = d * scale_s * q - dmin * min_s.
 struct GemvQ4_K {
     struct Raw {
-        std::uint32_t d_and_dmin;
-        std::uint32_t scales[3];
+        std::uint32_t header;  // word lane % 4 of the header (KQuantHeader)
         std::uint32_t qs;
     };
-    static constexpr int RAW_WORDS = 5;
+    static constexpr int RAW_WORDS = 2;
     __device__ static int activation_offset(int lane, int run) { return 64 * (lane / 8) + 4 * (lane % 8) + 32 * run; }
     __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
         // 144-byte super-blocks keep the tensor's 16-byte boundary: every word here is a 4-byte load.
         const BlockQ4_K* block = reinterpret_cast<const BlockQ4_K*>(row) + step;
-        const auto* scales = reinterpret_cast<const std::uint8_t*>(block->scales);
-        return {load_u32(block),
-                {load_u32(scales), load_u32(scales + 4), load_u32(scales + 8)},
+        return {KQuantHeader::load(reinterpret_cast<const std::uint8_t*>(block), lane),
                 load_u32(block->qs + 32 * (lane / 8) + 4 * (lane % 8))};
     }
     // The scales (x: run 0, y: run 1) and mins of the lane's sub-blocks 2(l / 8) and 2(l / 8) + 1, exact floats:
@@ -409,9 +426,10 @@ struct GemvQ4_K {
         min = byte_pair(min_bytes, 0x4140u, HALF2_1024);
     }
     __device__ static float dot(const Raw& w, const Activations& a, int lane) {
+        const KQuantHeader header = KQuantHeader::gather(w.header);
         float2 scale, min;
-        sub_block_scales(w.scales, lane, scale, min);
-        const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
+        sub_block_scales(header.scales, lane, scale, min);
+        const float2 d_and_dmin = __half22float2(as_half2(header.d_and_dmin));
         const float2 runs = nibble_dots(w.qs, HALF2_1024, a.v);
         return d_and_dmin.x * (scale.x * runs.x + scale.y * runs.y) -
                d_and_dmin.y * (min.x * a.run_sum[0] + min.y * a.run_sum[1]);
@@ -422,28 +440,26 @@ struct GemvQ4_K {
 // of the qh bytes 4(l % 8) .. + 3. w = d * scale_s * q - dmin * min_s.
 struct GemvQ5_K {
     struct Raw {
-        std::uint32_t d_and_dmin;
-        std::uint32_t scales[3];
+        std::uint32_t header;  // word lane % 4 of the header (KQuantHeader)
         std::uint32_t qh, qs;
     };
-    static constexpr int RAW_WORDS = 6;
+    static constexpr int RAW_WORDS = 3;
     __device__ static int activation_offset(int lane, int run) { return GemvQ4_K::activation_offset(lane, run); }
     __device__ static Raw load(const std::uint8_t* row, int step, int lane) {
         // 176-byte super-blocks keep the weight's 4-byte boundary: every word here is a 4-byte load.
         const BlockQ5_K* block = reinterpret_cast<const BlockQ5_K*>(row) + step;
-        const auto* scales = reinterpret_cast<const std::uint8_t*>(block->scales);
-        return {load_u32(block),
-                {load_u32(scales), load_u32(scales + 4), load_u32(scales + 8)},
+        return {KQuantHeader::load(reinterpret_cast<const std::uint8_t*>(block), lane),
                 load_u32(block->qh + 4 * (lane % 8)),
                 load_u32(block->qs + 32 * (lane / 8) + 4 * (lane % 8))};
     }
     __device__ static float dot(const Raw& w, const Activations& a, int lane) {
         const int s = 2 * (lane / 8);  // sub-blocks s (run 0) and s + 1 (run 1)
+        const KQuantHeader header = KQuantHeader::gather(w.header);
         float2 scale, min;
-        GemvQ4_K::sub_block_scales(w.scales, lane, scale, min);
+        GemvQ4_K::sub_block_scales(header.scales, lane, scale, min);
         const std::uint32_t q0 = (w.qs & 0x0F0F0F0Fu) | (((w.qh >> s) & 0x01010101u) << 4);
         const std::uint32_t q1 = ((w.qs >> 4) & 0x0F0F0F0Fu) | (((w.qh >> (s + 1)) & 0x01010101u) << 4);
-        const float2 d_and_dmin = __half22float2(as_half2(w.d_and_dmin));
+        const float2 d_and_dmin = __half22float2(as_half2(header.d_and_dmin));
         return d_and_dmin.x * (scale.x * byte_dot(q0, HALF2_1024, a.v) + scale.y * byte_dot(q1, HALF2_1024, a.v + 4)) -
                d_and_dmin.y * (min.x * a.run_sum[0] + min.y * a.run_sum[1]);
     }
