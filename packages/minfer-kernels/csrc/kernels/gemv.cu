@@ -827,13 +827,14 @@ template <class Format, class Epilogue>
 cudaError_t launch_format(const GemvInput& input, const Epilogue& epilogue, cudaStream_t stream) {
     // Rows of up to ~4 steps (896 values: 4) belong to one warp each; longer rows (4864 values: 19 steps)
     // are split over up to 8 warps of a block, each taking about STEPS_PER_WARP steps, in one batch where
-    // RAW_BUDGET holds them (the K-quants' 5 and 6 words a step take two; a budget of 48 that made it one
-    // was slower: docs/PERFORMANCE.md, step 25). Unless a warp a group costs fewer round trips: a launch costs
-    // about its waves times the batches a warp loads one after another, and a split that takes two waves
-    // repeats every round trip of the first, where a warp walking the whole row adds only its extra batches
-    // (Llama-3.2-1B's q|k|v in Q4_K, 93 registers: 1536 blocks of two warps of 2 batches, 10 an SM on an H100,
-    // two waves, 4; 384 blocks of four single-warp groups of 3 batches, one wave, 3). A long row keeps its
-    // split (ffn_down's 32 steps: 8 batches or more for one warp against a few waves of one or two).
+    // RAW_BUDGET holds them (Q3_K's and Q6_K's 5 words a step take two; a budget of 48 that made it one was
+    // slower: docs/PERFORMANCE.md, step 25; Q4_K and Q5_K share their header, KQuantHeader). Unless a warp a
+    // group costs fewer round trips: a launch costs about its waves times the batches a warp loads one after
+    // another, and a split that takes two waves repeats every round trip of the first, where a warp walking the
+    // whole row adds only its extra batches (Llama-3.2-1B's q|k|v in Q4_K when a step held 5 words, 93
+    // registers: 1536 blocks of two warps of 2 batches, 10 an SM on an H100, two waves, 4; 384 blocks of four
+    // single-warp groups of 3 batches, one wave, 3). A long row keeps its split (ffn_down's 32 steps: 8 batches
+    // or more for one warp against a few waves of one or two).
     constexpr int BATCH = batch_steps(Epilogue::ROWS, planned_raw_words<Format>());
     const int n_steps = ceil_div(input.in_features, STEP_VALUES);
     GemvInput in = input;
